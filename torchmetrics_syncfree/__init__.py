@@ -1,0 +1,50 @@
+"""torchmetrics-syncfree: TorchMetrics without host-device synchronizations in ``update()`` and ``forward()``.
+
+Example:
+    >>> import torch, torchmetrics_syncfree
+    >>> from torchmetrics.aggregation import MeanMetric
+    >>> targets = torchmetrics_syncfree.patch_all()
+    >>> metric = MeanMetric()
+    >>> with torchmetrics_syncfree.SyncProbe() as probe:
+    ...     metric.update(torch.tensor(0.5))
+    ...     metric.update(0.25)
+    >>> probe.count, metric.compute()
+    (0, tensor(0.3750))
+    >>> restored = torchmetrics_syncfree.unpatch_all()
+
+"""
+
+from torchmetrics_syncfree._registry import (
+    FORCE_ENV_VAR,
+    SUPPORTED_TORCHMETRICS,
+    PatchTargetError,
+    UnsupportedVersionError,
+    declared_targets,
+    get_original,
+    is_patched,
+    patch_all,
+    patched,
+    register_area,
+    unpatch_all,
+)
+from torchmetrics_syncfree.probe import SyncEvent, SyncProbe
+
+__version__ = "0.1.0"
+
+register_area("aggregation", "torchmetrics_syncfree.aggregation")
+
+__all__ = [
+    "FORCE_ENV_VAR",
+    "SUPPORTED_TORCHMETRICS",
+    "PatchTargetError",
+    "SyncEvent",
+    "SyncProbe",
+    "UnsupportedVersionError",
+    "__version__",
+    "declared_targets",
+    "get_original",
+    "is_patched",
+    "patch_all",
+    "patched",
+    "unpatch_all",
+]

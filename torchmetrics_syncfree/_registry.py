@@ -1,0 +1,430 @@
+"""The patch registry: what is patched, how, and how to undo it.
+
+Every patch is declared once with :func:`replaces` next to its replacement function (one module per upstream
+area). :func:`patch_all` validates *all* declared targets against the installed TorchMetrics before it touches
+anything, then installs them; a failure half-way rolls back what was installed, so TorchMetrics is never left
+half-patched. :func:`unpatch_all` puts every original object back (identity, not a copy).
+
+Two kinds of targets exist:
+
+``attribute``
+    A plain attribute of a module or class (a helper function, a method that TorchMetrics looks up on every
+    call). Module-level helpers that other TorchMetrics modules imported by name (``from ... import
+    _safe_divide``) are replaced in every ``torchmetrics.*`` module that holds the original object, because those
+    modules look the name up in their own globals.
+
+``metric_method``
+    ``update`` or ``compute`` of a :class:`~torchmetrics.Metric` subclass. ``Metric.__init__`` wraps the *bound*
+    method once (``self.update = self._wrap_update(self.update)``), so swapping the class attribute alone would
+    not reach metrics that already exist, and would leave metrics created while patched patched forever. The
+    class attribute becomes a data descriptor instead (see :class:`_MetricMethodDescriptor`): metrics created
+    while patched wrap a dispatcher that follows the registry's state, and metrics created before are switched
+    to that dispatcher the first time their method is looked up.
+
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import MethodType, ModuleType
+from typing import Any, Literal, Optional
+
+from lightning_utilities.core.imports import RequirementCache
+
+#: The TorchMetrics releases this package knows how to patch.
+SUPPORTED_TORCHMETRICS = ">=1.6.1,<1.10"
+#: Set to ``1`` to patch an unsupported TorchMetrics release anyway (targets and signatures are still checked).
+FORCE_ENV_VAR = "TORCHMETRICS_SYNCFREE_FORCE"
+
+_MISSING: Any = object()
+_lock = threading.RLock()
+_specs: dict[str, PatchSpec] = {}
+_area_modules: dict[str, str] = {}
+
+
+class UnsupportedVersionError(RuntimeError):
+    """The installed TorchMetrics is outside :data:`SUPPORTED_TORCHMETRICS`."""
+
+
+class PatchTargetError(RuntimeError):
+    """A patch target is missing or its signature is not the one the replacement was written for."""
+
+
+@dataclass
+class PatchSpec:
+    """One declared replacement.
+
+    Args:
+        target: dotted path of the replaced object, e.g. ``torchmetrics.aggregation.MeanMetric.update``.
+        replacement: the new function.
+        kind: ``"attribute"`` or ``"metric_method"`` (see the module docstring).
+        params: expected parameter names of the original, checked before patching; ``None`` skips the check.
+        area: the upstream area (module of this package) that declared the patch.
+        everywhere: for ``attribute`` patches of module-level functions, also replace every other
+            ``torchmetrics.*`` module's reference to the same object.
+
+    """
+
+    target: str
+    replacement: Callable[..., Any]
+    kind: Literal["attribute", "metric_method"]
+    params: Optional[tuple[str, ...]]
+    area: str
+    everywhere: bool = False
+    active: bool = False
+    original: Any = _MISSING
+    # (namespace, attribute name, previous value or _MISSING) for every place the patch was written to
+    installed_at: list[tuple[Any, str, Any]] = field(default_factory=list)
+    _dispatcher: Optional[Callable[..., Any]] = None
+
+    @property
+    def attribute(self) -> str:
+        return self.target.rsplit(".", 1)[1]
+
+    def dispatcher(self) -> Callable[..., Any]:
+        """A stable function that runs the replacement while the patch is active and the original otherwise."""
+        if self._dispatcher is None:
+            spec = self
+
+            @functools.wraps(self.original)
+            def dispatch(metric: Any, *args: Any, **kwargs: Any) -> Any:
+                fn = spec.replacement if spec.active else spec.original
+                return fn(metric, *args, **kwargs)
+
+            self._dispatcher = dispatch
+        return self._dispatcher
+
+
+def replaces(
+    target: str,
+    *,
+    params: Optional[tuple[str, ...]],
+    kind: Literal["attribute", "metric_method"] = "attribute",
+    everywhere: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the decorated function as the replacement of ``target``.
+
+    Example:
+        >>> from torchmetrics_syncfree._registry import replaces
+        >>> @replaces("torchmetrics.aggregation.MeanMetric.update", params=("self", "value", "weight"),
+        ...           kind="metric_method")  # doctest: +SKIP
+        ... def _update(self, value, weight=None): ...
+
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        area = fn.__module__.rsplit(".", 1)[-1]
+        with _lock:
+            if target in _specs and _specs[target].replacement is not fn:
+                raise ValueError(f"{target} is already declared by {_specs[target].replacement!r}")
+            _specs[target] = PatchSpec(target, fn, kind, params, area, everywhere)
+        return fn
+
+    return decorator
+
+
+def register_area(name: str, module: str) -> None:
+    """Make ``module`` (which declares patches with :func:`replaces`) part of :func:`patch_all`."""
+    _area_modules[name] = module
+
+
+def _load_areas(areas: Optional[Iterator[str]] = None) -> list[PatchSpec]:
+    names = list(_area_modules) if areas is None else list(areas)
+    unknown = sorted(set(names) - set(_area_modules))
+    if unknown:
+        raise ValueError(f"Unknown patch area(s) {unknown}; known: {sorted(_area_modules)}")
+    for name in names:
+        importlib.import_module(_area_modules[name])
+    return [spec for spec in _specs.values() if spec.area in names]
+
+
+def _resolve(target: str) -> tuple[Any, str]:
+    """Return ``(owner, attribute name)`` for a dotted target, importing its module."""
+    parts = target.split(".")
+    owner: Any = None
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:-1]:
+            owner = getattr(owner, name, _MISSING)
+            if owner is _MISSING:
+                raise PatchTargetError(f"{target}: {'.'.join(parts[: split + 1])} does not exist")
+        return owner, parts[-1]
+    raise PatchTargetError(f"{target}: no importable module in the path")
+
+
+def _lookup(owner: Any, name: str) -> Any:
+    """The attribute as callers see it (for classes: through the MRO, without invoking descriptors)."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if name in klass.__dict__:
+                return klass.__dict__[name]
+        return _MISSING
+    return getattr(owner, name, _MISSING)
+
+
+def installed_torchmetrics_version() -> str:
+    import torchmetrics
+
+    return torchmetrics.__version__
+
+
+def check_version(force: bool = False) -> None:
+    """Raise :class:`UnsupportedVersionError` unless the installed TorchMetrics is supported (or forced)."""
+    if force or os.environ.get(FORCE_ENV_VAR, "") not in ("", "0"):
+        return
+    if not RequirementCache(f"torchmetrics{SUPPORTED_TORCHMETRICS}"):
+        raise UnsupportedVersionError(
+            f"torchmetrics_syncfree supports torchmetrics{SUPPORTED_TORCHMETRICS}, but torchmetrics"
+            f" {installed_torchmetrics_version()} is installed. Nothing was patched. To try anyway, call"
+            f" patch_all(force=True) or set {FORCE_ENV_VAR}=1 (every target is still checked)."
+        )
+
+
+def _validate(spec: PatchSpec) -> Any:
+    """Check that the target exists with the expected signature and return its current value."""
+    owner, name = _resolve(spec.target)
+    current = _lookup(owner, name)
+    if current is _MISSING:
+        raise PatchTargetError(f"{spec.target} does not exist in torchmetrics {installed_torchmetrics_version()}")
+    if spec.params is not None:
+        found = tuple(inspect.signature(current).parameters)
+        if found != spec.params:
+            raise PatchTargetError(
+                f"{spec.target} has parameters {found} in torchmetrics {installed_torchmetrics_version()},"
+                f" the replacement was written for {spec.params}"
+            )
+    if spec.kind == "metric_method":
+        _check_metric_wrapper(name)
+    return current
+
+
+def _check_metric_wrapper(name: str) -> None:
+    """``Metric._wrap_update``/``_wrap_compute`` must close over the bound method we re-point (see the descriptor)."""
+    from torchmetrics import Metric
+
+    factory = getattr(Metric, f"_wrap_{name}", None)
+    inner = [c for c in getattr(getattr(factory, "__code__", None), "co_consts", ()) if inspect.iscode(c)]
+    if not inner or name not in inner[0].co_freevars:
+        raise PatchTargetError(f"torchmetrics.Metric._wrap_{name} no longer wraps a closure over `{name}`")
+
+
+class _MetricMethodDescriptor:
+    """Class attribute standing in for a metric class's ``update``/``compute`` while the patch is active.
+
+    A data descriptor wins over the instance ``__dict__``, so every attribute access passes here:
+
+    * during ``Metric.__init__``/``__setstate__`` (nothing wrapped yet) it hands out the registry dispatcher, which
+      the metric then wraps with its own ``_wrap_update``/``_wrap_compute`` as usual;
+    * a metric created before :func:`patch_all` holds a wrapper around the bound *original*; on first access the
+      wrapper's closure cell is pointed at the dispatcher instead, which makes it indistinguishable from a metric
+      created while patched (and lets it fall back to the original after :func:`unpatch_all`);
+    * ``super().update(...)`` from a subclass that overrides the method gets the plain bound replacement, because
+      the subclass's own wrapper already did the bookkeeping.
+
+    """
+
+    def __init__(self, spec: PatchSpec) -> None:
+        self.spec = spec
+        self.name = spec.attribute
+        self.dispatcher = spec.dispatcher()
+        self._reaches_directly: dict[type, bool] = {}
+        functools.update_wrapper(self, spec.original)  # type: ignore[arg-type]
+
+    def __get__(self, metric: Any, owner: Optional[type] = None) -> Any:
+        if metric is None:
+            return self.spec.replacement
+        cls = type(metric)
+        direct = self._reaches_directly.get(cls)
+        if direct is None:
+            direct = self._reaches_directly[cls] = _lookup(cls, self.name) is self
+        if not direct:
+            return MethodType(self.spec.replacement, metric)
+        wrapper = metric.__dict__.get(self.name)
+        if wrapper is None:
+            return MethodType(self.dispatcher, metric)
+        self._adopt(metric, wrapper)
+        return wrapper
+
+    def _adopt(self, metric: Any, wrapper: Any) -> None:
+        cells = getattr(wrapper, "__closure__", None)
+        if not cells:
+            return
+        for var, cell in zip(wrapper.__code__.co_freevars, cells):
+            if var != self.name:
+                continue
+            bound = cell.cell_contents
+            if getattr(bound, "__self__", None) is metric and getattr(bound, "__func__", None) is self.spec.original:
+                cell.cell_contents = MethodType(self.dispatcher, metric)
+                wrapper.__wrapped__ = cell.cell_contents
+            return
+
+    def __set__(self, metric: Any, value: Any) -> None:
+        metric.__dict__[self.name] = value
+
+    def __delete__(self, metric: Any) -> None:
+        del metric.__dict__[self.name]
+
+
+def _install(spec: PatchSpec, original: Any) -> None:
+    owner, name = _resolve(spec.target)
+    spec.original = original
+    spec.installed_at = []
+    if spec.kind == "metric_method":
+        if not isinstance(owner, type):
+            raise PatchTargetError(f"{spec.target}: metric_method targets must be class attributes")
+        places = [(owner, name)]
+        new_value: Any = _MetricMethodDescriptor(spec)
+    else:
+        places = [(owner, name)]
+        if spec.everywhere:
+            places += [
+                (module, attr)
+                for module in _torchmetrics_modules()
+                if module is not owner
+                for attr, value in list(vars(module).items())
+                if value is original
+            ]
+        new_value = spec.replacement
+    for namespace, attr in places:
+        previous = namespace.__dict__.get(attr, _MISSING) if isinstance(namespace, type) else vars(namespace)[attr]
+        spec.installed_at.append((namespace, attr, previous))
+        setattr(namespace, attr, new_value)
+    spec.active = True
+
+
+def _uninstall(spec: PatchSpec) -> None:
+    for namespace, attr, previous in reversed(spec.installed_at):
+        if previous is _MISSING:
+            delattr(namespace, attr)
+        else:
+            setattr(namespace, attr, previous)
+    spec.installed_at = []
+    spec.active = False
+
+
+def _torchmetrics_modules() -> list[ModuleType]:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if isinstance(module, ModuleType) and (name == "torchmetrics" or name.startswith("torchmetrics."))
+    ]
+
+
+def patch_all(*, areas: Optional[list[str]] = None, force: bool = False, verbose: bool = False) -> list[str]:
+    """Patch TorchMetrics in place so that metric updates never synchronize host and device.
+
+    Idempotent and thread-safe. Every target is validated before anything is changed; if installing fails
+    part-way, what was installed is rolled back and the error is raised.
+
+    Args:
+        areas: restrict to these upstream areas (default: all), e.g. ``["aggregation"]``.
+        force: patch even if the installed TorchMetrics is outside :data:`SUPPORTED_TORCHMETRICS`.
+        verbose: print the patched targets.
+
+    Returns:
+        The dotted names of the targets that are patched after the call, sorted.
+
+    Raises:
+        UnsupportedVersionError: the installed TorchMetrics release is not supported (and not forced).
+        PatchTargetError: a target is missing or has an unexpected signature.
+
+    Example:
+        >>> import torchmetrics_syncfree
+        >>> patched = torchmetrics_syncfree.patch_all()
+        >>> "torchmetrics.aggregation.MeanMetric.update" in patched
+        True
+        >>> torchmetrics_syncfree.unpatch_all()
+
+    """
+    with _lock:
+        check_version(force)
+        specs = _load_areas(areas)
+        pending = [(spec, _validate(spec)) for spec in specs if not spec.active]
+        done: list[PatchSpec] = []
+        try:
+            for spec, original in pending:
+                _install(spec, original)
+                done.append(spec)
+        except BaseException:
+            for spec in reversed(done):
+                _uninstall(spec)
+            raise
+        result = sorted(spec.target for spec in specs if spec.active)
+    if verbose:
+        print(f"torchmetrics_syncfree patched {len(result)} targets:")
+        for target in result:
+            print(f"  {target}")
+    return result
+
+
+def unpatch_all() -> list[str]:
+    """Restore every patched target to its original object; returns the targets that were restored."""
+    with _lock:
+        active = [spec for spec in _specs.values() if spec.active]
+        for spec in reversed(active):
+            _uninstall(spec)
+        return sorted(spec.target for spec in active)
+
+
+@contextmanager
+def patched(**kwargs: Any) -> Iterator[list[str]]:
+    """Context manager: patch on entry, and on exit undo only what this block patched.
+
+    Example:
+        >>> import torchmetrics, torchmetrics_syncfree
+        >>> with torchmetrics_syncfree.patched():
+        ...     torchmetrics_syncfree.is_patched("torchmetrics.aggregation.MeanMetric.update")
+        True
+        >>> torchmetrics_syncfree.is_patched("torchmetrics.aggregation.MeanMetric.update")
+        False
+
+    """
+    with _lock:
+        before = {spec.target for spec in _specs.values() if spec.active}
+        result = patch_all(**kwargs)
+    try:
+        yield result
+    finally:
+        with _lock:
+            for spec in reversed(list(_specs.values())):
+                if spec.active and spec.target not in before:
+                    _uninstall(spec)
+
+
+def _spec(target: str) -> PatchSpec:
+    _load_areas()
+    try:
+        return _specs[target]
+    except KeyError:
+        raise KeyError(f"{target} is not a torchmetrics_syncfree patch target; see declared_targets()") from None
+
+
+def is_patched(target: str) -> bool:
+    """Whether ``target`` (a dotted name from :func:`declared_targets`) is currently patched."""
+    return _spec(target).active
+
+
+def get_original(target: str) -> Any:
+    """The original TorchMetrics object behind ``target``, whether or not it is patched right now."""
+    spec = _spec(target)
+    if spec.active:
+        return spec.original
+    owner, name = _resolve(target)
+    return _lookup(owner, name)
+
+
+def declared_targets() -> list[str]:
+    """Every target this package knows how to patch."""
+    _load_areas()
+    return sorted(_specs)

@@ -1,0 +1,276 @@
+"""Sync-free ``torchmetrics.aggregation``: MeanMetric, SumMetric, MaxMetric, MinMetric, CatMetric.
+
+Where stock TorchMetrics synchronizes (see ``shared/reference/findings.md``) and what replaces it:
+
+============================================  ================================================================
+stock                                          sync-free
+============================================  ================================================================
+``torch.as_tensor(0.25, device=dev)``          ``torch.full((), 0.25, device=dev)``: a kernel argument, no copy
+default weight ``ones_like(value)`` (1.7+) or  no weight tensor at all: unit weights are summed as ``numel``
+``as_tensor(1.0)`` (1.6)
+``if nans.any() or nans_weight.any():``        the check stays on the device (``_deferred.check``): warnings and
+                                               errors reach the user on CPU at once, on CUDA at the next update
+                                               or ``compute()``
+``x[~nans]`` (``"ignore"``/``"warn"``)         NaN entries are kept but neutralised: weight 0 for means, 0 for
+                                               sums, -inf/+inf for max/min; ``CatMetric`` drops them in
+                                               ``compute()``
+``x[nans] = v`` (float strategy)               ``masked_fill`` into a new tensor: the caller's tensors are
+                                               never written
+============================================  ================================================================
+
+Deliberate deviations from stock, each a stock bug (tested in ``tests/test_aggregation_parity.py``):
+
+* float ``nan_strategy`` no longer writes into the caller's value and weight tensors; with a broadcast weight
+  (e.g. a 0-dim weight tensor) only the NaN positions get the fill weight, instead of every position;
+* ``nan_strategy="disable"`` applies the given weights (stock 1.7+ silently replaces them with ones);
+* on torchmetrics 1.6, ``MeanMetric.update(value, weight=None)`` means unit weights, as in later releases.
+
+What ``nan_strategy="error"`` leaves behind on CUDA: the update that contained NaN contributes nothing to the state
+(as in stock, which raises before updating), but later updates made before the error surfaced are kept. A
+``CatMetric`` keeps the batch in its list state and leaves it out of ``compute()``.
+
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional, Union
+
+import torch
+from lightning_utilities.core.imports import compare_version
+from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
+from torchmetrics.utilities.data import dim_zero_cat
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces
+
+_MODULE = "torchmetrics.aggregation"
+#: torchmetrics 1.6 gave NaN positions the fill value as weight too; 1.7 (PR #2943) changed that to 1.
+_FILL_WEIGHT_IS_ONE = compare_version("torchmetrics", operator.ge, "1.7.0")
+_NAN_MESSAGE = "Encountered `nan` values in tensor"
+
+
+def _raise_nan() -> None:
+    raise RuntimeError(_NAN_MESSAGE)
+
+
+def _warn_nan() -> None:
+    rank_zero_warn(f"{_NAN_MESSAGE}. Will be removed.", UserWarning)
+
+
+def _to_metric_tensor(metric: Any, x: Union[float, Tensor, Any]) -> Tensor:
+    """Stock's ``torch.as_tensor(x, dtype=metric.dtype, device=metric.device)`` without copying Python numbers.
+
+    Tensors are used where they are (a 0-dim CPU tensor acts as a scalar in CUDA arithmetic, no copy); Python numbers
+    become a fill kernel's argument. Other Python data (lists, arrays) has to be copied and goes to ``as_tensor``,
+    which also raises stock's errors for non-numeric input.
+
+    """
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (int, float)):
+        return torch.full((), x, dtype=metric.dtype, device=metric.device)
+    return torch.as_tensor(x, dtype=metric.dtype, device=metric.device)
+
+
+def _nan_mask(metric: Any, value: Tensor, weight: Optional[Tensor] = None) -> Optional[Tensor]:
+    """Entries of ``value`` that the metric's ``nan_strategy`` leaves out (or imputes), computed on the device.
+
+    Returns ``None`` for ``"disable"``. For ``"error"`` the whole batch is masked when it contains a NaN, because
+    stock never lets such a batch reach the state. Errors and warnings are raised through :mod:`_deferred`.
+
+    """
+    strategy = metric.nan_strategy
+    if strategy == "disable":
+        return None
+    nans = torch.isnan(value)
+    if weight is not None:
+        nans = nans | torch.isnan(weight)
+    if strategy == "error":
+        any_nan = nans.any()
+        _deferred.check(metric, any_nan, _raise_nan)
+        return any_nan.expand(nans.shape)
+    if strategy == "warn":
+        _deferred.check(metric, nans.any(), _warn_nan)
+    return nans
+
+
+def _impute_value(metric: Any) -> Optional[float]:
+    strategy = metric.nan_strategy
+    return strategy if isinstance(strategy, float) else None
+
+
+def _neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
+    """``value`` with the entries masked by the NaN strategy replaced by the fill value or by ``neutral``."""
+    mask = _nan_mask(metric, value)
+    if mask is None:
+        return value
+    fill = _impute_value(metric)
+    return value.masked_fill(mask, neutral if fill is None else fill)
+
+
+def _uses_stock_nan_check(metric: Any) -> bool:
+    """A subclass that overrides ``_cast_and_nan_check_input`` gets its override, through the stock ``update``."""
+    return type(metric)._cast_and_nan_check_input is not _cast_and_nan_check_input
+
+
+@replaces(f"{_MODULE}.BaseAggregator._cast_and_nan_check_input", params=("self", "x", "weight"))
+def _cast_and_nan_check_input(
+    self: Any, x: Union[float, Tensor], weight: Optional[Union[float, Tensor]] = None
+) -> tuple[Tensor, Tensor]:
+    """Stock's contract for subclasses that call this helper from their own ``update``.
+
+    The built-in aggregators no longer use it. ``"error"``, ``"disable"`` and float strategies are sync-free here;
+    ``"warn"``/``"ignore"`` must return tensors without the NaN entries, a data-dependent shape, so they keep stock's
+    filtering (one sync) for such subclasses.
+
+    """
+    if self.nan_strategy in ("warn", "ignore"):
+        return _original("BaseAggregator._cast_and_nan_check_input")(
+            self, _to_metric_tensor(self, x), None if weight is None else _to_metric_tensor(self, weight)
+        )
+    x = _to_metric_tensor(self, x).to(self.dtype)
+    weight = torch.ones_like(x) if weight is None else _to_metric_tensor(self, weight).to(self.dtype)
+    mask = _nan_mask(self, x, weight)
+    fill = _impute_value(self)
+    if mask is not None and fill is not None:
+        x = x.masked_fill(mask, fill)
+        weight = weight.masked_fill(mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill)
+    return x, weight
+
+
+def _original(name: str) -> Callable[..., Any]:
+    from torchmetrics_syncfree._registry import get_original
+
+    return get_original(f"{_MODULE}.{name}")
+
+
+def _stock_update(metric: Any, qualname: str, *args: Any) -> None:
+    _original(qualname)(metric, *args)
+
+
+@replaces(f"{_MODULE}.MeanMetric.update", params=("self", "value", "weight"), kind="metric_method")
+def _mean_update(self: Any, value: Union[float, Tensor], weight: Union[float, Tensor, None] = None) -> None:
+    if _uses_stock_nan_check(self):
+        return _stock_update(self, "MeanMetric.update", value, weight)
+    _deferred.poll(self)
+    value = _to_metric_tensor(self, value)
+    if weight is not None:
+        weight = torch.broadcast_to(_to_metric_tensor(self, weight), value.shape)
+    if value.numel() == 0:
+        return None
+    value = value.to(self.dtype)
+    if weight is not None:
+        weight = weight.to(self.dtype)
+    mask = _nan_mask(self, value, weight)
+    fill = _impute_value(self)
+    if mask is not None and fill is not None:
+        value = value.masked_fill(mask, fill)
+        if weight is not None or not _FILL_WEIGHT_IS_ONE:
+            weight = (weight if weight is not None else torch.ones_like(value)).masked_fill(
+                mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill
+            )
+        mask = None
+    if weight is None:
+        if mask is None:
+            self.mean_value += value.sum()
+            self.weight += value.numel()
+        else:
+            self.mean_value += value.masked_fill(mask, 0.0).sum()
+            self.weight += mask.logical_not().sum()
+        return None
+    weighted = value * weight
+    if mask is not None:
+        weighted = weighted.masked_fill(mask, 0.0)
+        weight = weight.masked_fill(mask, 0.0)
+    self.mean_value += weighted.sum()
+    self.weight += weight.sum()
+    return None
+
+
+@replaces(f"{_MODULE}.SumMetric.update", params=("self", "value"), kind="metric_method")
+def _sum_update(self: Any, value: Union[float, Tensor]) -> None:
+    if _uses_stock_nan_check(self):
+        return _stock_update(self, "SumMetric.update", value)
+    _deferred.poll(self)
+    value = _to_metric_tensor(self, value).to(self.dtype)
+    if value.numel():
+        self.sum_value += _neutralise(self, value, 0.0).sum()
+    return None
+
+
+@replaces(f"{_MODULE}.MaxMetric.update", params=("self", "value"), kind="metric_method")
+def _max_update(self: Any, value: Union[float, Tensor]) -> None:
+    if _uses_stock_nan_check(self):
+        return _stock_update(self, "MaxMetric.update", value)
+    _deferred.poll(self)
+    value = _to_metric_tensor(self, value).to(self.dtype)
+    if value.numel():
+        self.max_value = torch.max(self.max_value, _neutralise(self, value, float("-inf")).max())
+    return None
+
+
+@replaces(f"{_MODULE}.MinMetric.update", params=("self", "value"), kind="metric_method")
+def _min_update(self: Any, value: Union[float, Tensor]) -> None:
+    if _uses_stock_nan_check(self):
+        return _stock_update(self, "MinMetric.update", value)
+    _deferred.poll(self)
+    value = _to_metric_tensor(self, value).to(self.dtype)
+    if value.numel():
+        self.min_value = torch.min(self.min_value, _neutralise(self, value, float("inf")).min())
+    return None
+
+
+@replaces(f"{_MODULE}.CatMetric.update", params=("self", "value"), kind="metric_method")
+def _cat_update(self: Any, value: Union[float, Tensor]) -> None:
+    if _uses_stock_nan_check(self):
+        return _stock_update(self, "CatMetric.update", value)
+    _deferred.poll(self)
+    value = _to_metric_tensor(self, value).to(self.dtype)
+    if value.numel():
+        mask = _nan_mask(self, value)
+        fill = _impute_value(self)
+        # "warn"/"ignore"/"error" keep the batch as it is; compute() leaves the NaN entries out
+        self.value.append(value if mask is None or fill is None else value.masked_fill(mask, fill))
+    return None
+
+
+@replaces(f"{_MODULE}.BaseAggregator.compute", params=("self",), kind="metric_method")
+def _aggregator_compute(self: Any) -> Tensor:
+    _deferred.report_pending(self)
+    return getattr(self, self.state_name)
+
+
+@replaces(f"{_MODULE}.MeanMetric.compute", params=("self",), kind="metric_method")
+def _mean_compute(self: Any) -> Tensor:
+    _deferred.report_pending(self)
+    return self.mean_value / self.weight
+
+
+def _without_nan(values: list[Tensor], whole_batches: bool) -> list[Tensor]:
+    """Stock's list state: batches with NaN lose those entries (flattened) or, for ``"error"``, are left out."""
+    has_nan = torch.stack([torch.isnan(v).any() for v in values]).tolist()
+    kept = []
+    for v, nan in zip(values, has_nan):
+        if nan:
+            if whole_batches:
+                continue
+            v = v[~torch.isnan(v)]
+        if v.numel():
+            kept.append(v)
+    return kept
+
+
+@replaces(f"{_MODULE}.CatMetric.compute", params=("self",), kind="metric_method")
+def _cat_compute(self: Any) -> Union[Tensor, list]:
+    _deferred.report_pending(self)
+    values = self.value
+    if self.nan_strategy in ("warn", "ignore", "error") and (isinstance(values, Tensor) or values):
+        kept = _without_nan([values] if isinstance(values, Tensor) else values, self.nan_strategy == "error")
+        if isinstance(values, Tensor):
+            return dim_zero_cat(kept) if kept else values[:0].flatten()
+        values = kept
+    if isinstance(values, list) and values:
+        return dim_zero_cat(values)
+    return values
