@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Set up and run this project on a fresh machine that has nothing but Python 3.10+.
+
+    python3 bootstrap.py demo [demo options]   # the training-loop demo: stock vs patched, syncs/step and time/step
+    python3 bootstrap.py test [tox options]    # the whole test suite (every tox environment of the default envlist)
+
+Creates .bootstrap/venv with tox in it (once), then lets tox build every environment it needs: the CPU build of
+torch is pinned by constraints/cpu.txt. Everything it creates is git-ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".bootstrap" / "venv"
+TOX = "tox>=4.20,<5"
+
+
+def _python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_tox() -> Path:
+    python = _python()
+    if not python.exists():
+        print(f"bootstrap: creating {VENV.relative_to(ROOT)}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    probe = subprocess.run([python, "-c", "import tox"], capture_output=True)
+    if probe.returncode:
+        subprocess.check_call([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", TOX])
+    return python
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test"):
+        print(__doc__)
+        return 2
+    python = ensure_tox()
+    command, rest = argv[0], argv[1:]
+    if command == "demo":
+        tox_args = ["-e", "demo", "--", *rest]
+    else:
+        tox_args = rest
+    return subprocess.call([python, "-m", "tox", "-c", str(ROOT / "tox.ini"), *tox_args], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,81 @@
+"""pytest plugin (registered as ``syncfree`` through the ``pytest11`` entry point).
+
+Fixtures:
+
+``sync_probe``
+    The :class:`~torchmetrics_syncfree.SyncProbe` class, to count would-be syncs around any code::
+
+        def test_step(sync_probe):
+            with sync_probe() as probe:
+                train_step()
+            assert probe.count == 0, probe.summary()
+
+``no_syncs``
+    A context manager that fails the test, listing every event with its source line, if the block syncs::
+
+        def test_step(no_syncs):
+            with no_syncs():
+                train_step()
+
+Options:
+
+``--syncfree-patch``
+    Call :func:`torchmetrics_syncfree.patch_all` before collection, e.g. to run TorchMetrics' own test suite
+    against the patched library.
+
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import pytest
+
+from torchmetrics_syncfree.probe import SyncProbe
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("syncfree")
+    group.addoption(
+        "--syncfree-patch",
+        action="store_true",
+        default=False,
+        help="apply torchmetrics_syncfree.patch_all() for the whole test session",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    if config.getoption("--syncfree-patch"):
+        import torchmetrics_syncfree
+
+        patched = torchmetrics_syncfree.patch_all()
+        config._syncfree_patched = patched  # type: ignore[attr-defined]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    patched = getattr(config, "_syncfree_patched", None)
+    if patched is None:
+        return "torchmetrics_syncfree: not patched"
+    return f"torchmetrics_syncfree: patch_all() active ({len(patched)} targets)"
+
+
+@pytest.fixture
+def sync_probe() -> type[SyncProbe]:
+    """The :class:`SyncProbe` class: ``with sync_probe() as probe: ...``."""
+    return SyncProbe
+
+
+@pytest.fixture
+def no_syncs() -> Callable[..., AbstractContextManager[SyncProbe]]:
+    """``with no_syncs(): ...`` fails the test if the block would synchronize host and device."""
+
+    @contextmanager
+    def _no_syncs(**probe_kwargs: Any) -> Iterator[SyncProbe]:
+        with SyncProbe(**probe_kwargs) as probe:
+            yield probe
+        probe.assert_no_syncs()
+
+    return _no_syncs
