@@ -227,8 +227,8 @@ class _FunctionWatcher(TorchFunctionMode):
 
 
 def _function_name(func: Any) -> str:
-    qualname = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
-    return f"torch.{qualname}"
+    name = getattr(func, "__name__", repr(func))
+    return f"Tensor.{name}" if getattr(torch.Tensor, name, None) is func else f"torch.{name}"
 
 
 class SyncProbe(ContextDecorator):

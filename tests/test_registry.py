@@ -1,0 +1,224 @@
+"""The patch registry: idempotent, thread-safe, fully reversible, version-checked, never half-applied."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import threading
+
+import pytest
+import torch
+from torchmetrics.aggregation import BaseAggregator, MeanMetric, SumMetric
+
+import torchmetrics_syncfree
+from torchmetrics_syncfree import _registry
+from torchmetrics_syncfree.probe import SyncProbe
+
+MEAN_UPDATE = "torchmetrics.aggregation.MeanMetric.update"
+CAST_CHECK = "torchmetrics.aggregation.BaseAggregator._cast_and_nan_check_input"
+
+
+def _class_attributes() -> dict[str, object]:
+    """The raw objects behind every declared target, as found in their owners' namespaces."""
+    found = {}
+    for target in torchmetrics_syncfree.declared_targets():
+        owner, name = _registry._resolve(target)
+        found[target] = owner.__dict__.get(name, "<absent>") if isinstance(owner, type) else getattr(owner, name)
+    return found
+
+
+def _syncs_of_update(metric: MeanMetric) -> int:
+    value = torch.tensor([0.5, 1.5])
+    with SyncProbe() as probe:
+        metric.update(value)
+    return probe.count
+
+
+def test_patch_all_reports_and_unpatch_restores_identical_objects():
+    before = _class_attributes()
+    patched = torchmetrics_syncfree.patch_all()
+    assert patched == torchmetrics_syncfree.declared_targets()
+    assert MEAN_UPDATE in patched
+    assert all(torchmetrics_syncfree.is_patched(target) for target in patched)
+    assert _class_attributes() != before
+    assert sorted(torchmetrics_syncfree.unpatch_all()) == patched
+    after = _class_attributes()
+    assert all(after[target] is before[target] for target in before)
+    assert not any(torchmetrics_syncfree.is_patched(target) for target in patched)
+
+
+def test_patch_all_is_idempotent():
+    first = torchmetrics_syncfree.patch_all()
+    installed = _class_attributes()
+    assert torchmetrics_syncfree.patch_all() == first
+    assert all(_class_attributes()[target] is installed[target] for target in installed)
+    torchmetrics_syncfree.unpatch_all()
+    assert torchmetrics_syncfree.unpatch_all() == []
+
+
+def test_get_original_is_stable_whether_patched_or_not():
+    original = MeanMetric.__dict__["update"]
+    assert torchmetrics_syncfree.get_original(MEAN_UPDATE) is original
+    torchmetrics_syncfree.patch_all()
+    assert torchmetrics_syncfree.get_original(MEAN_UPDATE) is original
+    assert MeanMetric.__dict__["update"] is not original
+
+
+def test_unknown_target_is_a_key_error():
+    with pytest.raises(KeyError, match="not a torchmetrics_syncfree patch target"):
+        torchmetrics_syncfree.is_patched("torchmetrics.aggregation.MeanMetric.forward")
+
+
+def test_patched_context_only_undoes_what_it_patched():
+    with torchmetrics_syncfree.patched():
+        assert torchmetrics_syncfree.is_patched(MEAN_UPDATE)
+    assert not torchmetrics_syncfree.is_patched(MEAN_UPDATE)
+
+    torchmetrics_syncfree.patch_all()
+    with torchmetrics_syncfree.patched():
+        pass
+    assert torchmetrics_syncfree.is_patched(MEAN_UPDATE), "an outer patch_all() must survive an inner block"
+
+
+def test_metrics_created_before_patching_behave_patched_and_counts_stay_right():
+    metric = MeanMetric()
+    assert _syncs_of_update(metric) > 0
+    torchmetrics_syncfree.patch_all()
+    assert _syncs_of_update(metric) == 0
+    metric(torch.tensor(3.0))
+    assert metric._update_count == 3, "update must be wrapped exactly once"
+    torch.testing.assert_close(metric.compute(), torch.tensor(7.0 / 5))
+
+
+def test_metrics_created_while_patched_behave_stock_after_unpatch():
+    torchmetrics_syncfree.patch_all()
+    metric = MeanMetric()
+    assert _syncs_of_update(metric) == 0
+    torchmetrics_syncfree.unpatch_all()
+    assert _syncs_of_update(metric) > 0
+    torchmetrics_syncfree.patch_all()
+    assert _syncs_of_update(metric) == 0
+    assert metric._update_count == 3
+
+
+def test_subclass_override_calling_super_is_wrapped_once():
+    class Doubled(MeanMetric):
+        def update(self, value):
+            super().update(value * 2)
+
+    stock = Doubled()
+    stock.update(torch.tensor([1.0, 2.0]))
+    torchmetrics_syncfree.patch_all()
+    patched = Doubled()
+    value = torch.tensor([1.0, 2.0])
+    with SyncProbe() as probe:
+        patched.update(value)
+    assert probe.count == 0, probe.summary()
+    assert patched._update_count == stock._update_count == 1
+    torch.testing.assert_close(patched.compute(), stock.compute())
+
+
+def test_subclass_overriding_the_nan_check_keeps_its_override():
+    class NoChecks(SumMetric):
+        def _cast_and_nan_check_input(self, x, weight=None):
+            return torch.as_tensor(x, dtype=self.dtype), torch.ones(())
+
+    torchmetrics_syncfree.patch_all()
+    metric = NoChecks(nan_strategy="error")
+    metric.update(torch.tensor([1.0, float("nan")]))  # the override skips the check, so no error
+    assert torch.isnan(metric.compute())
+
+
+@pytest.mark.parametrize("roundtrip", ["pickle", "deepcopy", "clone"])
+def test_patched_metrics_pickle_and_copy(roundtrip):
+    torchmetrics_syncfree.patch_all()
+    metric = MeanMetric()
+    metric.update(torch.tensor([1.0, 3.0]))
+    if roundtrip == "pickle":
+        other = pickle.loads(pickle.dumps(metric))
+    elif roundtrip == "deepcopy":
+        other = copy.deepcopy(metric)
+    else:
+        other = metric.clone()
+    assert _syncs_of_update(other) == 0
+    torch.testing.assert_close(other.compute(), torch.tensor(1.5))
+    torch.testing.assert_close(metric.compute(), torch.tensor(2.0))
+
+
+def test_unsupported_version_is_refused_before_touching_anything(monkeypatch):
+    monkeypatch.setattr(_registry, "SUPPORTED_TORCHMETRICS", ">=99")
+    monkeypatch.delenv(_registry.FORCE_ENV_VAR, raising=False)
+    before = _class_attributes()
+    with pytest.raises(torchmetrics_syncfree.UnsupportedVersionError) as err:
+        torchmetrics_syncfree.patch_all()
+    message = str(err.value)
+    import torchmetrics
+
+    assert torchmetrics.__version__ in message
+    assert ">=99" in message
+    assert "force=True" in message
+    assert _class_attributes() == before
+
+
+def test_force_patches_an_unsupported_version(monkeypatch):
+    monkeypatch.setattr(_registry, "SUPPORTED_TORCHMETRICS", ">=99")
+    assert MEAN_UPDATE in torchmetrics_syncfree.patch_all(force=True)
+    torchmetrics_syncfree.unpatch_all()
+    monkeypatch.setenv(_registry.FORCE_ENV_VAR, "1")
+    assert MEAN_UPDATE in torchmetrics_syncfree.patch_all()
+
+
+def test_signature_mismatch_is_refused_before_touching_anything(monkeypatch):
+    spec = _registry._specs[CAST_CHECK]
+    monkeypatch.setattr(spec, "params", ("self", "x", "weights"))
+    before = _class_attributes()
+    with pytest.raises(torchmetrics_syncfree.PatchTargetError, match="weights"):
+        torchmetrics_syncfree.patch_all()
+    assert _class_attributes() == before
+
+
+def test_failure_while_installing_rolls_back(monkeypatch):
+    real_install = _registry._install
+    calls = []
+
+    def failing_install(spec, original):
+        calls.append(spec.target)
+        if len(calls) == 3:
+            raise OSError("simulated failure while installing")
+        real_install(spec, original)
+
+    monkeypatch.setattr(_registry, "_install", failing_install)
+    before = _class_attributes()
+    with pytest.raises(OSError, match="simulated"):
+        torchmetrics_syncfree.patch_all()
+    after = _class_attributes()
+    assert all(after[target] is before[target] for target in before)
+    assert not any(torchmetrics_syncfree.is_patched(target) for target in before)
+
+
+def test_concurrent_patch_and_unpatch_leave_a_consistent_state():
+    errors = []
+
+    def churn(patch: bool) -> None:
+        try:
+            for _ in range(50):
+                torchmetrics_syncfree.patch_all() if patch else torchmetrics_syncfree.unpatch_all()
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=churn, args=(i % 2 == 0,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    states = {torchmetrics_syncfree.is_patched(t) for t in torchmetrics_syncfree.declared_targets()}
+    assert len(states) == 1, "all targets patched or none"
+    torchmetrics_syncfree.unpatch_all()
+    assert BaseAggregator.__dict__["_cast_and_nan_check_input"] is torchmetrics_syncfree.get_original(CAST_CHECK)
+
+
+def test_verbose_prints_the_targets(capsys):
+    torchmetrics_syncfree.patch_all(verbose=True)
+    out = capsys.readouterr().out
+    assert MEAN_UPDATE in out
