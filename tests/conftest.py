@@ -24,3 +24,5 @@ def syncfree() -> Iterator[list[str]]:
     """TorchMetrics patched for the duration of the test; yields the patched targets."""
     with torchmetrics_syncfree.patched() as targets:
         yield targets
+
+pytest_plugins = ["pytester"]

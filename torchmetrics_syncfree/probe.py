@@ -178,11 +178,12 @@ def quiet() -> Iterator[None]:
         _state.quiet -= 1
 
 
-def report(kind: str, op: str) -> None:
-    """Record an event on every active CPU probe (used by this package for its own host waits)."""
+def report(kind: str, op: str, probes: Optional[list[SyncProbe]] = None) -> None:
+    """Record an event on ``probes`` (default: every active CPU probe, e.g. for this package's own host waits)."""
     if getattr(_state, "quiet", 0):
         return
-    probes = [p for p in _active_probes() if p.device_type == "cpu"]
+    if probes is None:
+        probes = [p for p in _active_probes() if p.device_type == "cpu"]
     if not probes:
         return
     location, caller, source = _attribute(sys._getframe(1))
@@ -198,6 +199,11 @@ def _has_bool_index(indices: Any) -> bool:
 
 
 class _DispatchWatcher(TorchDispatchMode):
+    # nested probes each push a watcher, and every watcher sees each op once: report to the own probe only
+    def __init__(self, probe: SyncProbe) -> None:
+        super().__init__()
+        self.probe = [probe]
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         kind = None
@@ -210,19 +216,23 @@ class _DispatchWatcher(TorchDispatchMode):
         elif func in _REPEAT_INTERLEAVE_OPS and kwargs.get("output_size") is None:
             kind = DATA_DEPENDENT_SHAPE
         if kind is not None:
-            report(kind, f"aten.{func.__name__}")
+            report(kind, f"aten.{func.__name__}", self.probe)
         return func(*args, **kwargs)
 
 
 class _FunctionWatcher(TorchFunctionMode):
+    def __init__(self, probe: SyncProbe) -> None:
+        super().__init__()
+        self.probe = [probe]
+
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         if func in _FACTORIES_FROM_DATA:
             data = args[1] if func is torch.Tensor.new_tensor else (args[0] if args else kwargs.get("data"))
             if not isinstance(data, torch.Tensor):
-                report(H2D_COPY, _function_name(func))
+                report(H2D_COPY, _function_name(func), self.probe)
         elif func in _HOST_CONVERSIONS:
-            report(D2H_READ, _function_name(func))
+            report(D2H_READ, _function_name(func), self.probe)
         return func(*args, **kwargs)
 
 
@@ -287,7 +297,7 @@ class SyncProbe(ContextDecorator):
             self._previous_debug_mode = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("warn")
         else:
-            self._modes = [_FunctionWatcher(), _DispatchWatcher()]
+            self._modes = [_FunctionWatcher(self), _DispatchWatcher(self)]
             for mode in self._modes:
                 mode.__enter__()
         _active_probes().append(self)
