@@ -26,8 +26,9 @@ Deliberate deviations from stock, each a stock bug (tested in ``tests/test_aggre
 * on torchmetrics 1.6, ``MeanMetric.update(value, weight=None)`` means unit weights, as in later releases.
 
 What ``nan_strategy="error"`` leaves behind on CUDA: the update that contained NaN contributes nothing to the state
-(as in stock, which raises before updating), but later updates made before the error surfaced are kept. A
-``CatMetric`` keeps the batch in its list state and leaves it out of ``compute()``.
+(as in stock, which raises before updating), and neither does the call that raises the error (a call that raises
+changes nothing, as in stock); updates in between are kept. A ``CatMetric`` keeps the NaN batch in its list state and
+leaves it out of ``compute()``.
 
 """
 

@@ -1,0 +1,278 @@
+"""Patched aggregation metrics give stock's results, warnings and errors; deliberate deviations are pinned here."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, MinMetric, SumMetric
+
+import torchmetrics_syncfree
+from tests._aggregation_cases import (
+    AGGREGATORS,
+    INF,
+    NAN,
+    STRATEGIES,
+    TM_GE_1_7,
+    assert_same_outcome,
+    has_nan,
+    run_stream,
+    stock_is_wrong,
+)
+from torchmetrics_syncfree.probe import SyncProbe
+
+t = torch.tensor
+_g = torch.Generator().manual_seed(7)
+
+STREAMS = {
+    "python-scalars": [(0.5,), (2,), (-1.25,), (True,)],
+    "0-dim": [(t(0.5),), (t(-3.0),), (t(7.25),)],
+    "1-D": [(torch.rand(5, generator=_g),), (torch.rand(3, generator=_g) - 0.5,)],
+    "N-D": [(torch.rand(2, 3, 4, generator=_g),), (torch.randn(2, 3, 4, generator=_g),)],
+    "int-tensor": [(t([1, 2, 3]),), (t([4]),)],
+    "float64-tensor": [(torch.rand(4, dtype=torch.float64, generator=_g),)],
+    "empty": [(t([]),), (t([1.0, 2.0]),), (t([]),)],
+    "nan-values": [(t([1.0, NAN, 3.0]),), (t([2.0, 4.0]),)],
+    "nan-scalar": [(NAN,), (1.0,), (t(NAN),), (3.0,)],
+    "all-nan-batch": [(t([2.0, 3.0]),), (t([NAN, NAN]),)],
+    "inf-values": [(t([1.0, INF, -2.0]),), (t([-INF, 0.5]),)],
+    "nan-in-N-D": [(t([[1.0, NAN], [3.0, 4.0]]),), (t([[5.0, 6.0], [7.0, 8.0]]),)],
+}
+WEIGHTED_STREAMS = {
+    "weight-vector": [(t([1.0, 2.0, 3.0]), t([3.0, 1.0, 0.5])), (t([4.0]), t([2.0]))],
+    "python-weight": [(t([1.0, 2.0]), 2.0), (t([3.0]), 0.5)],
+    "0-dim-weight": [(t([1.0, 2.0, 3.0]), t(2.0)), (t([5.0]), t(1.0))],
+    "broadcast-weight": [(torch.rand(2, 3, generator=_g), t([1.0, 2.0, 3.0]))],
+    "nan-weights": [(t([1.0, 2.0, 3.0]), t([1.0, NAN, 2.0])), (t([4.0, 5.0]), t([1.0, 1.0]))],
+    "nan-value-and-weight-vector": [(t([1.0, NAN, 3.0]), t([2.0, 2.0, 2.0]))],
+    "nan-value-0-dim-weight": [(t([1.0, NAN, 3.0]), t(2.0))],
+    "zero-weights": [(t([1.0, 2.0]), t([0.0, 0.0])), (t([3.0]), t([1.0]))],
+    "python-scalar-both": [(0.5, 2.0), (1.5, 1.0)],
+}
+
+
+def _cases():
+    for cls in AGGREGATORS:
+        streams = dict(STREAMS, **(WEIGHTED_STREAMS if cls is MeanMetric else {}))
+        for name, stream in streams.items():
+            for strategy in STRATEGIES:
+                if stock_is_wrong(cls, strategy, stream):
+                    continue
+                yield pytest.param(cls, strategy, stream, id=f"{cls.__name__}-{strategy}-{name}")
+
+
+@pytest.mark.parametrize(("metric_cls", "strategy", "stream"), list(_cases()))
+@pytest.mark.parametrize("use_forward", [False, True], ids=["update", "forward"])
+def test_same_results_warnings_and_errors_as_stock(metric_cls, strategy, stream, use_forward):
+    stock = run_stream(metric_cls, strategy, stream, patched=False, use_forward=use_forward)
+    patched = run_stream(metric_cls, strategy, stream, patched=True, use_forward=use_forward)
+    # bit-equal unless stock removed NaN entries and so summed other elements in another order
+    exact = not has_nan(stream) or isinstance(strategy, float) or strategy in ("disable", "error")
+    assert_same_outcome(stock, patched, exact=exact)
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+def test_same_results_with_float64_default_dtype(metric_cls):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        stream = [(t([1.0, 2.0, NAN]),), (0.1,), (t(3.0),)]
+        stock = run_stream(metric_cls, "ignore", stream, patched=False)
+        patched = run_stream(metric_cls, "ignore", stream, patched=True)
+    finally:
+        torch.set_default_dtype(previous)
+    assert patched.values[-1].dtype == torch.float64
+    assert_same_outcome(stock, patched, exact=False)
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_inputs_are_never_written(metric_cls, strategy):
+    value, weight = t([1.0, NAN, 3.0]), t([1.0, 1.0, NAN])
+    kept_value, kept_weight = value.clone(), weight.clone()
+    with torchmetrics_syncfree.patched(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metric = metric_cls(nan_strategy=strategy)
+        args = (value, weight) if metric_cls is MeanMetric else (value,)
+        try:
+            metric.update(*args)
+        except RuntimeError:
+            assert strategy == "error"
+    assert torch.equal(value.isnan(), kept_value.isnan())
+    torch.testing.assert_close(value, kept_value, equal_nan=True)
+    torch.testing.assert_close(weight, kept_weight, equal_nan=True)
+
+
+# Deliberate deviations: stock is wrong in these cases, the patched metric does what the documentation says.
+
+
+def test_float_strategy_with_broadcast_weight_imputes_only_the_nan_positions():
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric(nan_strategy=0.0)
+        metric.update(t([1.0, NAN, 3.0]), t(2.0))
+        # value [1, 0, 3] with weights [2, w, 2] where the NaN position gets the fill weight
+        fill_weight = 1.0 if TM_GE_1_7 else 0.0
+        expected = (2.0 + 0.0 + 6.0) / (4.0 + fill_weight)
+        torch.testing.assert_close(metric.compute(), t(expected))
+    if TM_GE_1_7:  # the documented bug: stock overwrites the broadcast weight and returns 4/3
+        stock = MeanMetric(nan_strategy=0.0)
+        stock.update(t([1.0, NAN, 3.0]), t(2.0))
+        torch.testing.assert_close(stock.compute(), t(4.0 / 3.0))
+
+
+def test_float_strategy_does_not_write_the_callers_tensor_where_stock_does():
+    value = t([1.0, NAN, 3.0])
+    MeanMetric(nan_strategy=5.0).update(value)
+    assert value[1] == 5.0, "stock writes the fill value into the caller's tensor"
+    value = t([1.0, NAN, 3.0])
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric(nan_strategy=5.0)
+        metric.update(value)
+    assert torch.isnan(value[1])
+    torch.testing.assert_close(metric.compute(), t(3.0))
+
+
+@pytest.mark.skipif(not TM_GE_1_7, reason='"disable" arrived in torchmetrics 1.7')
+def test_disable_applies_the_weights():
+    value, weight = t([1.0, 3.0]), t([3.0, 1.0])
+    stock = MeanMetric(nan_strategy="disable")
+    stock.update(value, weight)
+    torch.testing.assert_close(stock.compute(), t(2.0), msg="stock ignores the weights")
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric(nan_strategy="disable")
+        metric.update(value, weight)
+    torch.testing.assert_close(metric.compute(), t(1.5))
+
+
+# Deferred reporting: what a GPU run does, simulated by the CPU probe.
+
+
+def test_error_on_the_device_path_surfaces_at_the_next_update_and_leaves_the_batch_out():
+    batches = [t([1.0, 2.0]), t([NAN, 5.0]), t([3.0]), t([4.0])]
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric(nan_strategy="error")
+        with SyncProbe() as probe:
+            metric.update(batches[0])
+            metric.update(batches[1])  # checked on the device: no raise, no sync
+            with pytest.raises(RuntimeError, match="Encountered `nan` values in tensor"):
+                metric.update(batches[2])
+            metric.update(batches[3])
+        assert probe.count == 0, probe.summary()
+        # neither the NaN batch nor the update that raised reach the state: a call that raises changes nothing
+        torch.testing.assert_close(metric.compute(), t((1.0 + 2.0 + 4.0) / 3))
+
+
+def test_error_on_the_device_path_surfaces_at_compute_at_the_latest():
+    batch = t([NAN])
+    with torchmetrics_syncfree.patched():
+        metric = SumMetric(nan_strategy="error")
+        with SyncProbe() as probe:
+            metric.update(batch)
+            with pytest.raises(RuntimeError, match="Encountered `nan` values in tensor"):
+                metric.compute()
+    assert [event.kind for event in probe.events] == ["host wait"], "compute() is the one place that may wait"
+
+
+def test_warnings_on_the_device_path_are_never_lost():
+    batch = t([NAN, 1.0])
+    with torchmetrics_syncfree.patched(), pytest.warns(UserWarning) as caught:
+        metric = MaxMetric(nan_strategy="warn")
+        with SyncProbe() as probe:
+            for _ in range(3):
+                metric(batch)  # forward polls but never waits
+        assert probe.count == 0, probe.summary()
+        assert metric.compute() == 1.0
+    assert sum("Will be removed" in str(w.message) for w in caught) == 6  # forward updates twice (full state)
+
+
+def test_cpu_reports_immediately_like_stock():
+    with torchmetrics_syncfree.patched():
+        metric = MinMetric(nan_strategy="error")
+        with pytest.raises(RuntimeError, match="Encountered `nan` values in tensor"):
+            metric.update(t([NAN]))
+        with pytest.warns(UserWarning, match="Will be removed"):
+            MinMetric(nan_strategy="warn").update(t([NAN]))
+
+
+def test_cat_metric_keeps_nan_in_state_and_drops_it_in_compute():
+    with torchmetrics_syncfree.patched():
+        metric = CatMetric(nan_strategy="ignore")
+        metric.update(t([1.0, NAN]))
+        metric.update(t([2.0]))
+        assert torch.isnan(metric.value[0][1])
+        torch.testing.assert_close(metric.compute(), t([1.0, 2.0]))
+
+
+# Bad input gets what stock gives.
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+def test_invalid_nan_strategy_is_the_same_value_error(metric_cls):
+    with pytest.raises(ValueError) as stock:
+        metric_cls(nan_strategy="sometimes")
+    with torchmetrics_syncfree.patched(), pytest.raises(ValueError) as patched:
+        metric_cls(nan_strategy="sometimes")
+    assert str(patched.value) == str(stock.value)
+
+
+def test_weights_that_do_not_broadcast_name_the_shapes():
+    stock = run_stream(MeanMetric, "warn", [(t([1.0, 2.0, 3.0]), t([1.0, 2.0]))], patched=False)
+    patched = run_stream(MeanMetric, "warn", [(t([1.0, 2.0, 3.0]), t([1.0, 2.0]))], patched=True)
+    assert patched.error == stock.error
+    assert "3" in patched.error[1] and "2" in patched.error[1]
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+@pytest.mark.parametrize("bad", ["abc", None, ["a", "b"], object()], ids=["str", "None", "str-list", "object"])
+def test_non_numeric_values_raise_the_same_exception_type(metric_cls, bad):
+    def raised(patched: bool) -> type:
+        context = torchmetrics_syncfree.patched() if patched else warnings.catch_warnings()
+        with context:
+            try:
+                metric_cls().update(bad)
+            except Exception as err:
+                return type(err)
+        return type(None)
+
+    assert raised(patched=True) is raised(patched=False) is not type(None)
+
+
+# Property-based: random update streams give stock's compute() and never write their inputs.
+
+_values = st.lists(
+    st.one_of(st.floats(-1e3, 1e3, width=32), st.just(NAN), st.just(INF), st.just(-INF)), min_size=0, max_size=6
+)
+_weights = st.lists(st.one_of(st.floats(0, 10, width=32), st.just(NAN)), min_size=1, max_size=1)
+
+
+@st.composite
+def _update_streams(draw):
+    metric_cls = draw(st.sampled_from(AGGREGATORS))
+    strategy = draw(st.sampled_from(STRATEGIES))
+    stream = []
+    for values in draw(st.lists(_values, min_size=1, max_size=5)):
+        value = t(values, dtype=torch.float32)
+        if metric_cls is MeanMetric and draw(st.booleans()):
+            weight = t(draw(st.lists(st.floats(0, 10, width=32) | st.just(NAN), min_size=len(values), max_size=len(values))))
+            stream.append((value, weight))
+        else:
+            stream.append((value,))
+    return metric_cls, strategy, stream
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_update_streams())
+def test_random_update_streams_match_stock(case):
+    metric_cls, strategy, stream = case
+    if stock_is_wrong(metric_cls, strategy, stream):
+        return
+    originals = [tuple(a.clone() for a in args) for args in stream]
+    patched = run_stream(metric_cls, strategy, stream, patched=True)
+    stock = run_stream(metric_cls, strategy, stream, patched=False)
+    assert_same_outcome(stock, patched, exact=False)
+    for args, kept in zip(stream, originals):
+        for a, b in zip(args, kept):
+            torch.testing.assert_close(a, b, equal_nan=True)
