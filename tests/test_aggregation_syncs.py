@@ -1,0 +1,91 @@
+"""Acceptance of the sync-free aggregation: the probe counts 0 for patched calls and > 0 for the same stock calls."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torchmetrics.aggregation import MeanMetric
+
+import torchmetrics_syncfree
+from tests._aggregation_cases import AGGREGATORS, NAN, STRATEGIES
+from tests.conftest import cuda
+from torchmetrics_syncfree.probe import SyncProbe
+
+LOSS = torch.tensor(0.6931)
+VEC = torch.rand(16, generator=torch.Generator().manual_seed(0))
+NAN_VEC = torch.tensor([0.5, NAN, 1.5])
+
+MEAN_CALLS = {
+    "update(loss)": lambda m: m.update(LOSS),
+    "update(0.25)": lambda m: m.update(0.25),
+    "update(loss, weight=2.0)": lambda m: m.update(LOSS, weight=2.0),
+    "update(vec, weight=vec)": lambda m: m.update(VEC, weight=VEC),
+    "forward(loss)": lambda m: m(LOSS),
+}
+
+
+def _count(metric, call, repeat: int = 3) -> SyncProbe:
+    with SyncProbe() as probe, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(repeat):
+            call(metric)
+    return probe
+
+
+@pytest.mark.parametrize("call", sorted(MEAN_CALLS))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_mean_metric_calls_are_sync_free(call, strategy):
+    stock = _count(MeanMetric(nan_strategy=strategy), MEAN_CALLS[call])
+    with torchmetrics_syncfree.patched():
+        patched = _count(MeanMetric(nan_strategy=strategy), MEAN_CALLS[call])
+    assert patched.count == 0, patched.summary()
+    if strategy != "disable":
+        assert stock.count > 0, "the probe must see stock's syncs for this call"
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("vec", [VEC, NAN_VEC], ids=["clean", "with-nan"])
+def test_every_aggregator_update_is_sync_free(metric_cls, strategy, vec):
+    with torchmetrics_syncfree.patched():
+        metric = metric_cls(nan_strategy=strategy)
+        # "error" reports a NaN at the next update: one update per metric keeps this about the sync count
+        probe = _count(metric, lambda m: m.update(vec), repeat=1 if strategy == "error" else 3)
+    assert probe.count == 0, probe.summary()
+
+
+@pytest.mark.parametrize("metric_cls", [m for m in AGGREGATORS if m.__name__ != "CatMetric"])
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s not in ("error", "warn")])
+def test_forward_and_compute_are_sync_free(metric_cls, strategy):
+    """Without checks to report, compute() has nothing to wait for; forward() never waits."""
+    with torchmetrics_syncfree.patched():
+        metric = metric_cls(nan_strategy=strategy)
+        probe = _count(metric, lambda m: (m(VEC), m(NAN_VEC), m.compute()))
+    assert probe.count == 0, probe.summary()
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("call", sorted(MEAN_CALLS))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cuda_sync_debug_mode_error_passes(call, strategy):
+    """On a GPU runner: CUDA itself confirms there is no sync."""
+    global LOSS, VEC
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric(nan_strategy=strategy).cuda()
+        loss, vec = LOSS.cuda(), VEC.cuda()
+        calls = {**MEAN_CALLS, "update(loss)": lambda m: m.update(loss), "forward(loss)": lambda m: m(loss)}
+        calls["update(vec, weight=vec)"] = lambda m: m.update(vec, weight=vec)
+        calls["update(loss, weight=2.0)"] = lambda m: m.update(loss, weight=2.0)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                calls[call](metric)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        with SyncProbe("cuda") as probe:
+            calls[call](metric)
+        assert probe.count == 0, probe.summary()
