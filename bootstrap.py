@@ -42,10 +42,7 @@ def main(argv: list[str]) -> int:
         return 2
     python = ensure_tox()
     command, rest = argv[0], argv[1:]
-    if command == "demo":
-        tox_args = ["-e", "demo", "--", *rest]
-    else:
-        tox_args = rest
+    tox_args = ["-e", "demo", "--", *rest] if command == "demo" else rest
     return subprocess.call([python, "-m", "tox", "-c", str(ROOT / "tox.ini"), *tox_args], cwd=ROOT)
 
 

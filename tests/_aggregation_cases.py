@@ -6,7 +6,7 @@ import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from lightning_utilities.core.imports import compare_version
@@ -27,7 +27,7 @@ class Outcome:
     """What a stream of updates produced: per-step forward values or the final compute(), warnings, errors."""
 
     values: list[Any] = field(default_factory=list)
-    error: Optional[tuple[type, str, int]] = None
+    error: tuple[type, str, int] | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -46,7 +46,7 @@ def run_stream(
         metric = metric_cls(nan_strategy=strategy)
         step = 0
         try:
-            for step, args in enumerate(stream):
+            for step, args in enumerate(stream):  # noqa: B007 - step is read in the except clause
                 result = metric(*clone_args(args)) if use_forward else metric.update(*clone_args(args))
                 if use_forward:
                     outcome.values.append(result)

@@ -25,4 +25,5 @@ def syncfree() -> Iterator[list[str]]:
     with torchmetrics_syncfree.patched() as targets:
         yield targets
 
+
 pytest_plugins = ["pytester"]

@@ -256,7 +256,9 @@ def _update_streams(draw):
     for values in draw(st.lists(_values, min_size=1, max_size=5)):
         value = t(values, dtype=torch.float32)
         if metric_cls is MeanMetric and draw(st.booleans()):
-            weight = t(draw(st.lists(st.floats(0, 10, width=32) | st.just(NAN), min_size=len(values), max_size=len(values))))
+            weight = t(
+                draw(st.lists(st.floats(0, 10, width=32) | st.just(NAN), min_size=len(values), max_size=len(values)))
+            )
             stream.append((value, weight))
         else:
             stream.append((value,))

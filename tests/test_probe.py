@@ -45,7 +45,9 @@ SYNC_FREE = {
     "masked_fill": lambda: X.masked_fill(MASK, 0.0),
     "where-3-arg": lambda: torch.where(MASK, 0.0, X),
     "as_tensor-of-tensor": lambda: torch.as_tensor(X, dtype=torch.float64),
-    "scatter_add": lambda: torch.zeros(3, dtype=torch.long).scatter_add_(0, LABELS[:3], torch.ones(3, dtype=torch.long)),
+    "scatter_add": lambda: torch.zeros(3, dtype=torch.long).scatter_add_(
+        0, LABELS[:3], torch.ones(3, dtype=torch.long)
+    ),
     "repeat_interleave-sized": lambda: torch.repeat_interleave(LABELS, LABELS, output_size=5),
     "python-scalar-arg": lambda: X + 0.5,
 }

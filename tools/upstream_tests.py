@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="tm-upstream-") as tmp:
         with tarfile.open(args.archive) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(("torchmetrics/tests/", "torchmetrics/pyproject"))]
+            members = [
+                m for m in tar.getmembers() if m.name.startswith(("torchmetrics/tests/", "torchmetrics/pyproject"))
+            ]
             tar.extractall(tmp, members=members, filter="data")
         tests = Path(tmp) / "torchmetrics" / "tests"
         env = dict(os.environ)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,7 +34,7 @@ from torchmetrics_syncfree import probe
 _pending: dict[int, tuple[weakref.ref, deque]] = {}
 
 
-def _queue(metric: Any, create: bool) -> Optional[deque]:
+def _queue(metric: Any, create: bool) -> deque | None:
     key = id(metric)
     entry = _pending.get(key)
     if entry is not None and entry[0]() is metric:
@@ -54,7 +55,7 @@ def check(metric: Any, flag: Tensor, action: Callable[[], None]) -> None:
     if flag.is_cuda:
         host = torch.empty((), dtype=torch.bool, pin_memory=True)
         host.copy_(flag, non_blocking=True)
-        event: Optional[torch.cuda.Event] = torch.cuda.Event()
+        event: torch.cuda.Event | None = torch.cuda.Event()
         event.record()
     else:  # a CPU probe simulates the device: the copy is ready at the next poll
         host, event = flag.detach().clone(), None

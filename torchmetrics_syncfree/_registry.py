@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MethodType, ModuleType
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from lightning_utilities.core.imports import RequirementCache
 
@@ -76,14 +76,14 @@ class PatchSpec:
     target: str
     replacement: Callable[..., Any]
     kind: Literal["attribute", "metric_method"]
-    params: Optional[tuple[str, ...]]
+    params: tuple[str, ...] | None
     area: str
     everywhere: bool = False
     active: bool = False
     original: Any = _MISSING
     # (namespace, attribute name, previous value or _MISSING) for every place the patch was written to
     installed_at: list[tuple[Any, str, Any]] = field(default_factory=list)
-    _dispatcher: Optional[Callable[..., Any]] = None
+    _dispatcher: Callable[..., Any] | None = None
 
     @property
     def attribute(self) -> str:
@@ -106,7 +106,7 @@ class PatchSpec:
 def replaces(
     target: str,
     *,
-    params: Optional[tuple[str, ...]],
+    params: tuple[str, ...] | None,
     kind: Literal["attribute", "metric_method"] = "attribute",
     everywhere: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -136,7 +136,7 @@ def register_area(name: str, module: str) -> None:
     _area_modules[name] = module
 
 
-def _load_areas(areas: Optional[Iterator[str]] = None) -> list[PatchSpec]:
+def _load_areas(areas: Iterator[str] | None = None) -> list[PatchSpec]:
     names = list(_area_modules) if areas is None else list(areas)
     unknown = sorted(set(names) - set(_area_modules))
     if unknown:
@@ -241,7 +241,7 @@ class _MetricMethodDescriptor:
         self._reaches_directly: dict[type, bool] = {}
         functools.update_wrapper(self, spec.original)  # type: ignore[arg-type]
 
-    def __get__(self, metric: Any, owner: Optional[type] = None) -> Any:
+    def __get__(self, metric: Any, owner: type | None = None) -> Any:
         if metric is None:
             return self.spec.replacement
         cls = type(metric)
@@ -321,7 +321,7 @@ def _torchmetrics_modules() -> list[ModuleType]:
     ]
 
 
-def patch_all(*, areas: Optional[list[str]] = None, force: bool = False, verbose: bool = False) -> list[str]:
+def patch_all(*, areas: list[str] | None = None, force: bool = False, verbose: bool = False) -> list[str]:
     """Patch TorchMetrics in place so that metric updates never synchronize host and device.
 
     Idempotent and thread-safe. Every target is validated before anything is changed; if installing fails

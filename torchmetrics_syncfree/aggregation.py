@@ -35,7 +35,8 @@ leaves it out of ``compute()``.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from lightning_utilities.core.imports import compare_version
@@ -60,7 +61,7 @@ def _warn_nan() -> None:
     rank_zero_warn(f"{_NAN_MESSAGE}. Will be removed.", UserWarning)
 
 
-def _to_metric_tensor(metric: Any, x: Union[float, Tensor, Any]) -> Tensor:
+def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
     """Stock's ``torch.as_tensor(x, dtype=metric.dtype, device=metric.device)`` without copying Python numbers.
 
     Tensors are used where they are (a 0-dim CPU tensor acts as a scalar in CUDA arithmetic, no copy); Python numbers
@@ -75,7 +76,7 @@ def _to_metric_tensor(metric: Any, x: Union[float, Tensor, Any]) -> Tensor:
     return torch.as_tensor(x, dtype=metric.dtype, device=metric.device)
 
 
-def _nan_mask(metric: Any, value: Tensor, weight: Optional[Tensor] = None) -> Optional[Tensor]:
+def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tensor | None:
     """Entries of ``value`` that the metric's ``nan_strategy`` leaves out (or imputes), computed on the device.
 
     Returns ``None`` for ``"disable"``. For ``"error"`` the whole batch is masked when it contains a NaN, because
@@ -97,7 +98,7 @@ def _nan_mask(metric: Any, value: Tensor, weight: Optional[Tensor] = None) -> Op
     return nans
 
 
-def _impute_value(metric: Any) -> Optional[float]:
+def _impute_value(metric: Any) -> float | None:
     strategy = metric.nan_strategy
     return strategy if isinstance(strategy, float) else None
 
@@ -118,7 +119,7 @@ def _uses_stock_nan_check(metric: Any) -> bool:
 
 @replaces(f"{_MODULE}.BaseAggregator._cast_and_nan_check_input", params=("self", "x", "weight"))
 def _cast_and_nan_check_input(
-    self: Any, x: Union[float, Tensor], weight: Optional[Union[float, Tensor]] = None
+    self: Any, x: float | Tensor, weight: float | Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Stock's contract for subclasses that call this helper from their own ``update``.
 
@@ -152,7 +153,7 @@ def _stock_update(metric: Any, qualname: str, *args: Any) -> None:
 
 
 @replaces(f"{_MODULE}.MeanMetric.update", params=("self", "value", "weight"), kind="metric_method")
-def _mean_update(self: Any, value: Union[float, Tensor], weight: Union[float, Tensor, None] = None) -> None:
+def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None = None) -> None:
     if _uses_stock_nan_check(self):
         return _stock_update(self, "MeanMetric.update", value, weight)
     _deferred.poll(self)
@@ -191,7 +192,7 @@ def _mean_update(self: Any, value: Union[float, Tensor], weight: Union[float, Te
 
 
 @replaces(f"{_MODULE}.SumMetric.update", params=("self", "value"), kind="metric_method")
-def _sum_update(self: Any, value: Union[float, Tensor]) -> None:
+def _sum_update(self: Any, value: float | Tensor) -> None:
     if _uses_stock_nan_check(self):
         return _stock_update(self, "SumMetric.update", value)
     _deferred.poll(self)
@@ -202,7 +203,7 @@ def _sum_update(self: Any, value: Union[float, Tensor]) -> None:
 
 
 @replaces(f"{_MODULE}.MaxMetric.update", params=("self", "value"), kind="metric_method")
-def _max_update(self: Any, value: Union[float, Tensor]) -> None:
+def _max_update(self: Any, value: float | Tensor) -> None:
     if _uses_stock_nan_check(self):
         return _stock_update(self, "MaxMetric.update", value)
     _deferred.poll(self)
@@ -213,7 +214,7 @@ def _max_update(self: Any, value: Union[float, Tensor]) -> None:
 
 
 @replaces(f"{_MODULE}.MinMetric.update", params=("self", "value"), kind="metric_method")
-def _min_update(self: Any, value: Union[float, Tensor]) -> None:
+def _min_update(self: Any, value: float | Tensor) -> None:
     if _uses_stock_nan_check(self):
         return _stock_update(self, "MinMetric.update", value)
     _deferred.poll(self)
@@ -224,7 +225,7 @@ def _min_update(self: Any, value: Union[float, Tensor]) -> None:
 
 
 @replaces(f"{_MODULE}.CatMetric.update", params=("self", "value"), kind="metric_method")
-def _cat_update(self: Any, value: Union[float, Tensor]) -> None:
+def _cat_update(self: Any, value: float | Tensor) -> None:
     if _uses_stock_nan_check(self):
         return _stock_update(self, "CatMetric.update", value)
     _deferred.poll(self)
@@ -264,7 +265,7 @@ def _without_nan(values: list[Tensor], whole_batches: bool) -> list[Tensor]:
 
 
 @replaces(f"{_MODULE}.CatMetric.compute", params=("self",), kind="metric_method")
-def _cat_compute(self: Any) -> Union[Tensor, list]:
+def _cat_compute(self: Any) -> Tensor | list:
     _deferred.report_pending(self)
     values = self.value
     if self.nan_strategy in ("warn", "ignore", "error") and (isinstance(values, Tensor) or values):

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from contextlib import ContextDecorator, contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -122,7 +122,7 @@ class SyncEvent:
         return f"{text}\n    {self.source}" if self.source else text
 
 
-def _frames(start: Optional[FrameType]) -> Iterator[FrameType]:
+def _frames(start: FrameType | None) -> Iterator[FrameType]:
     frame = start
     while frame is not None:
         yield frame
@@ -133,7 +133,7 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR) or filename == _THIS_FILE or filename in _STDLIB_FILES
 
 
-def _attribute(frame: Optional[FrameType]) -> tuple[str, str, str]:
+def _attribute(frame: FrameType | None) -> tuple[str, str, str]:
     """(location, caller, source line) for the stack above ``frame``."""
     import linecache
 
@@ -178,7 +178,7 @@ def quiet() -> Iterator[None]:
         _state.quiet -= 1
 
 
-def report(kind: str, op: str, probes: Optional[list[SyncProbe]] = None) -> None:
+def report(kind: str, op: str, probes: list[SyncProbe] | None = None) -> None:
     """Record an event on ``probes`` (default: every active CPU probe, e.g. for this package's own host waits)."""
     if getattr(_state, "quiet", 0):
         return
@@ -193,9 +193,7 @@ def report(kind: str, op: str, probes: Optional[list[SyncProbe]] = None) -> None
 
 
 def _has_bool_index(indices: Any) -> bool:
-    return any(
-        isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8) for index in indices or ()
-    )
+    return any(isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8) for index in indices or ())
 
 
 class _DispatchWatcher(TorchDispatchMode):
@@ -204,16 +202,16 @@ class _DispatchWatcher(TorchDispatchMode):
         super().__init__()
         self.probe = [probe]
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         kind = None
         if func in _D2H_OPS:
             kind = D2H_READ
-        elif func in _SHAPE_OPS:
-            kind = DATA_DEPENDENT_SHAPE
-        elif func in _INDEX_OPS and len(args) > 1 and _has_bool_index(args[1]):
-            kind = DATA_DEPENDENT_SHAPE
-        elif func in _REPEAT_INTERLEAVE_OPS and kwargs.get("output_size") is None:
+        elif (
+            func in _SHAPE_OPS
+            or (func in _INDEX_OPS and len(args) > 1 and _has_bool_index(args[1]))
+            or (func in _REPEAT_INTERLEAVE_OPS and kwargs.get("output_size") is None)
+        ):
             kind = DATA_DEPENDENT_SHAPE
         if kind is not None:
             report(kind, f"aten.{func.__name__}", self.probe)
@@ -225,7 +223,7 @@ class _FunctionWatcher(TorchFunctionMode):
         super().__init__()
         self.probe = [probe]
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in _FACTORIES_FROM_DATA:
             data = args[1] if func is torch.Tensor.new_tensor else (args[0] if args else kwargs.get("data"))
@@ -268,7 +266,7 @@ class SyncProbe(ContextDecorator):
 
     """
 
-    def __init__(self, device: Union[str, torch.device] = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu") -> None:
         self.device_type = torch.device(device).type
         if self.device_type not in ("cpu", "cuda"):
             raise ValueError(f"SyncProbe counts syncs for 'cpu' (simulated) or 'cuda', got {device!r}")

@@ -37,6 +37,7 @@ from torchmetrics_syncfree.probe import SyncProbe
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--syncfree-patch``."""
     group = parser.getgroup("syncfree")
     group.addoption(
         "--syncfree-patch",
@@ -47,6 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``cuda`` marker and patch TorchMetrics if asked to."""
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
     if config.getoption("--syncfree-patch"):
         import torchmetrics_syncfree
@@ -56,6 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    """Say in the header whether TorchMetrics is patched."""
     patched = getattr(config, "_syncfree_patched", None)
     if patched is None:
         return "torchmetrics_syncfree: not patched"
@@ -64,13 +67,13 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture
 def sync_probe() -> type[SyncProbe]:
-    """The :class:`SyncProbe` class: ``with sync_probe() as probe: ...``."""
+    """Give the :class:`SyncProbe` class to count would-be syncs around any block."""
     return SyncProbe
 
 
 @pytest.fixture
 def no_syncs() -> Callable[..., AbstractContextManager[SyncProbe]]:
-    """``with no_syncs(): ...`` fails the test if the block would synchronize host and device."""
+    """Give a context manager that fails the test if its block would synchronize host and device."""
 
     @contextmanager
     def _no_syncs(**probe_kwargs: Any) -> Iterator[SyncProbe]:
