@@ -31,23 +31,29 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def clone_args(args: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+def clone_args(args: Sequence[Any], device: str = "cpu") -> tuple[Any, ...]:
+    return tuple(a.to(device, copy=True) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def run_stream(
-    metric_cls: type, strategy: Any, stream: Sequence[Sequence[Any]], patched: bool, use_forward: bool = False
+    metric_cls: type,
+    strategy: Any,
+    stream: Sequence[Sequence[Any]],
+    patched: bool,
+    use_forward: bool = False,
+    device: str = "cpu",
 ) -> Outcome:
     """Feed ``stream`` (a list of update argument tuples) to a fresh metric, stock or patched."""
     outcome = Outcome()
     context = torchmetrics_syncfree.patched() if patched else _nothing()
     with context, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        metric = metric_cls(nan_strategy=strategy)
+        metric = metric_cls(nan_strategy=strategy).to(device)
         step = 0
         try:
             for step, args in enumerate(stream):  # noqa: B007 - step is read in the except clause
-                result = metric(*clone_args(args)) if use_forward else metric.update(*clone_args(args))
+                inputs = clone_args(args, device)
+                result = metric(*inputs) if use_forward else metric.update(*inputs)
                 if use_forward:
                     outcome.values.append(result)
             step = len(stream)

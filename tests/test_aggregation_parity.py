@@ -22,6 +22,7 @@ from tests._aggregation_cases import (
     run_stream,
     stock_is_wrong,
 )
+from tests.conftest import cuda
 from torchmetrics_syncfree.probe import SyncProbe
 
 t = torch.tensor
@@ -72,6 +73,37 @@ def test_same_results_warnings_and_errors_as_stock(metric_cls, strategy, stream,
     # bit-equal unless stock removed NaN entries and so summed other elements in another order
     exact = not has_nan(stream) or isinstance(strategy, float) or strategy in ("disable", "error")
     assert_same_outcome(stock, patched, exact=exact)
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize(("metric_cls", "strategy", "stream"), [c for c in _cases() if "N-D" in c.id or "nan" in c.id])
+@pytest.mark.parametrize("use_forward", [False, True], ids=["update", "forward"])
+def test_same_results_as_stock_on_cuda(metric_cls, strategy, stream, use_forward):
+    stock = run_stream(metric_cls, strategy, stream, patched=False, use_forward=use_forward, device="cuda")
+    patched = run_stream(metric_cls, strategy, stream, patched=True, use_forward=use_forward, device="cuda")
+    if strategy == "error" and stock.error is not None:
+        # on CUDA the error surfaces asynchronously: at the next update or compute(), never later
+        assert patched.error is not None and patched.error[:2] == stock.error[:2]
+        assert stock.error[2] <= patched.error[2] <= len(stream)
+        return
+    assert_same_outcome(stock, patched, exact=not has_nan(stream))
+
+
+@cuda
+@pytest.mark.cuda
+def test_cpu_scalar_tensor_into_a_cuda_metric_is_used_as_a_scalar():
+    step_time = torch.tensor(0.125)  # e.g. a step time measured on the host
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric().cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            metric.update(step_time)
+            metric.update(0.375)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert metric.compute().item() == 0.25
 
 
 @pytest.mark.parametrize("metric_cls", AGGREGATORS)
