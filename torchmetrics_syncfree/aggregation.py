@@ -191,51 +191,44 @@ def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None
     return None
 
 
+def _update_single(
+    metric: Any, qualname: str, value: float | Tensor, neutral: float, fold: Callable[[Tensor], None]
+) -> None:
+    """The common body of Sum/Max/Min/Cat ``update``: cast, check, neutralise NaN entries, fold into the state."""
+    if _uses_stock_nan_check(metric):
+        return _stock_update(metric, qualname, value)
+    _deferred.poll(metric)
+    value = _to_metric_tensor(metric, value).to(metric.dtype)
+    if value.numel():
+        fold(_neutralise(metric, value, neutral))
+    return None
+
+
 @replaces(f"{_MODULE}.SumMetric.update", params=("self", "value"), kind="metric_method")
 def _sum_update(self: Any, value: float | Tensor) -> None:
-    if _uses_stock_nan_check(self):
-        return _stock_update(self, "SumMetric.update", value)
-    _deferred.poll(self)
-    value = _to_metric_tensor(self, value).to(self.dtype)
-    if value.numel():
-        self.sum_value += _neutralise(self, value, 0.0).sum()
-    return None
+    _update_single(self, "SumMetric.update", value, 0.0, lambda v: self.sum_value.add_(v.sum()))
 
 
 @replaces(f"{_MODULE}.MaxMetric.update", params=("self", "value"), kind="metric_method")
 def _max_update(self: Any, value: float | Tensor) -> None:
-    if _uses_stock_nan_check(self):
-        return _stock_update(self, "MaxMetric.update", value)
-    _deferred.poll(self)
-    value = _to_metric_tensor(self, value).to(self.dtype)
-    if value.numel():
-        self.max_value = torch.max(self.max_value, _neutralise(self, value, float("-inf")).max())
-    return None
+    def fold(v: Tensor) -> None:
+        self.max_value = torch.max(self.max_value, v.max())
+
+    _update_single(self, "MaxMetric.update", value, float("-inf"), fold)
 
 
 @replaces(f"{_MODULE}.MinMetric.update", params=("self", "value"), kind="metric_method")
 def _min_update(self: Any, value: float | Tensor) -> None:
-    if _uses_stock_nan_check(self):
-        return _stock_update(self, "MinMetric.update", value)
-    _deferred.poll(self)
-    value = _to_metric_tensor(self, value).to(self.dtype)
-    if value.numel():
-        self.min_value = torch.min(self.min_value, _neutralise(self, value, float("inf")).min())
-    return None
+    def fold(v: Tensor) -> None:
+        self.min_value = torch.min(self.min_value, v.min())
+
+    _update_single(self, "MinMetric.update", value, float("inf"), fold)
 
 
 @replaces(f"{_MODULE}.CatMetric.update", params=("self", "value"), kind="metric_method")
 def _cat_update(self: Any, value: float | Tensor) -> None:
-    if _uses_stock_nan_check(self):
-        return _stock_update(self, "CatMetric.update", value)
-    _deferred.poll(self)
-    value = _to_metric_tensor(self, value).to(self.dtype)
-    if value.numel():
-        mask = _nan_mask(self, value)
-        fill = _impute_value(self)
-        # "warn"/"ignore"/"error" keep the batch as it is; compute() leaves the NaN entries out
-        self.value.append(value if mask is None or fill is None else value.masked_fill(mask, fill))
-    return None
+    # "warn"/"ignore"/"error" append the batch as it is (NaN is the neutral element here); compute() drops NaN entries
+    _update_single(self, "CatMetric.update", value, float("nan"), self.value.append)
 
 
 @replaces(f"{_MODULE}.BaseAggregator.compute", params=("self",), kind="metric_method")
