@@ -89,3 +89,27 @@ def test_cuda_sync_debug_mode_error_passes(call, strategy):
         with SyncProbe("cuda") as probe:
             calls[call](metric)
         assert probe.count == 0, probe.summary()
+
+
+def test_wrappers_and_collections_of_aggregators_are_sync_free_and_equal():
+    from torchmetrics import MetricCollection
+    from torchmetrics.aggregation import RunningMean, SumMetric
+
+    def run(patched: bool):
+        context = torchmetrics_syncfree.patched() if patched else warnings.catch_warnings()
+        with context:
+            running, collection = RunningMean(window=3), MetricCollection({"m": MeanMetric(), "s": SumMetric()})
+            with SyncProbe() as probe:
+                for _ in range(4):
+                    running.update(VEC)
+                    collection.update(VEC)
+                    collection(VEC)
+                    running(VEC)
+            return probe.count, running.compute(), collection.compute()
+
+    stock_count, stock_running, stock_collection = run(patched=False)
+    count, running, collection = run(patched=True)
+    assert stock_count > 0
+    assert count == 0
+    torch.testing.assert_close(running, stock_running, rtol=0, atol=0)
+    torch.testing.assert_close(collection, stock_collection, rtol=0, atol=0)
