@@ -15,9 +15,10 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -76,14 +77,17 @@ def _suite(
     run("cat", CatMetric(process_group=group), lambda m, d: m.update(d["values"]))
     run("cat_cpu", CatMetric(compute_on_cpu=True, process_group=group), lambda m, d: m.update(d["values"]))
     run("acc", MulticlassAccuracy(NUM_CLASSES, process_group=group), lambda m, d: m.update(d["preds"], d["target"]))
-    collection = MetricCollection({
-        "mean": MeanMetric(process_group=group),
-        "sum_native": SumMetric(process_group=native),
-        "cat_cpu": CatMetric(compute_on_cpu=True, process_group=group),
-        "max": MaxMetric(process_group=group),
-    })
+    collection = MetricCollection(
+        {
+            "mean": MeanMetric(process_group=group),
+            "sum_native": SumMetric(process_group=native),
+            "cat_cpu": CatMetric(compute_on_cpu=True, process_group=group),
+            "max": MaxMetric(process_group=group),
+        }
+    )
     run("collection", collection, lambda m, d: m.update(d["values"]))
-    if len(ranks) == 1 and only is None:  # under DDP: forward() syncs the batch; the reference has no per-step cross-rank value
+    # under DDP, forward() syncs each batch; a single-process reference has no cross-rank batch (_step_reference)
+    if len(ranks) == 1 and only is None:
         step = MeanMetric(dist_sync_on_step=True, process_group=group)
         out["step_forward"] = torch.stack([step(batch) for batch in data[0]["steps"]])
         out["step_compute"] = step.compute()
@@ -136,7 +140,7 @@ def _cuda_only_world(rank: int, world_size: int) -> dict[str, Any]:
     spy = _Spy()
     out: dict[str, Any] = {"stock_errors": {}}
     for name in ("mean", "cat"):  # each fails on its own; one suite run would stop at the first
-        out["stock_errors"][name] = _error(lambda: _suite([rank], only=name))
+        out["stock_errors"][name] = _error(lambda name=name: _suite([rank], only=name))
 
     torchmetrics_syncfree.patch_all()
     spy.barrier_groups.clear()
@@ -230,19 +234,18 @@ def run_world(scenario: str, world_size: int, tmp_path: Path) -> list[dict[str, 
         outcomes.append(torch.load(path, weights_only=False) if path.exists() else {"error": "no result written"})
     errors = {rank: o["error"] for rank, o in enumerate(outcomes) if "error" in o}
     if hung or errors:
-        pytest.fail(f"{scenario} world of {world_size}: hung ranks {hung}, errors:\n" + "\n".join(
-            f"--- rank {rank}:\n{err}" for rank, err in errors.items()
-        ))
+        pytest.fail(
+            f"{scenario} world of {world_size}: hung ranks {hung}, errors:\n"
+            + "\n".join(f"--- rank {rank}:\n{err}" for rank, err in errors.items())
+        )
     return [o["result"] for o in outcomes]
 
 
 def _assert_equal_results(got: dict[str, Any], expected: dict[str, Any], exact: bool = True) -> None:
     assert got.keys() == expected.keys()
-    for name in got:
-        if exact:
-            torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
-        else:
-            torch.testing.assert_close(got[name], expected[name], msg=name)
+    tolerance = {"rtol": 0, "atol": 0} if exact else {}
+    for name, value in got.items():
+        torch.testing.assert_close(value, expected[name], msg=name, **tolerance)
 
 
 def _reference(ranks: list[int]) -> dict[str, Any]:
@@ -260,7 +263,10 @@ def test_cuda_only_group(world_size: int, tmp_path: Path) -> None:
     halves = [list(range(world_size // 2)), list(range(world_size // 2, world_size))]
     for rank, res in enumerate(results):
         # the reproduction: stock fails like under NCCL, and again after unpatching; "off" keeps stock behaviour
-        assert res["stock_errors"] == {"mean": f"RuntimeError: {NO_CPU_BACKEND}", "cat": f"RuntimeError: {NO_CPU_BACKEND}"}
+        assert res["stock_errors"] == {
+            "mean": f"RuntimeError: {NO_CPU_BACKEND}",
+            "cat": f"RuntimeError: {NO_CPU_BACKEND}",
+        }
         assert res["unpatched_error"] == f"RuntimeError: {NO_CPU_BACKEND}"
         assert res["off_error"] == f"RuntimeError: {NO_CPU_BACKEND}"
         # patched: same as on a gloo group over the same ranks, and as one process that saw every rank's data

@@ -38,9 +38,9 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -125,16 +125,20 @@ def _gloo_group(parent: Any) -> Any:
         return fallback
 
 
+def _world_group() -> Any:
+    return dist.group.WORLD
+
+
 def _parent(group: Optional[Any]) -> Any:
-    return dist.group.WORLD if group is None else group
+    return _world_group() if group is None else group
 
 
 def _forget_stale_groups() -> None:
     """Drop cached groups of an earlier ``init_process_group`` (they died with its ``destroy_process_group``)."""
     global _cache_world
-    if dist.group.WORLD is not _cache_world:
+    if _world_group() is not _cache_world:
         _fallbacks.clear()
-        _cache_world = dist.group.WORLD
+        _cache_world = _world_group()
 
 
 def _new_gloo_group(parent: Any) -> Any:
@@ -148,9 +152,11 @@ def _new_gloo_group(parent: Any) -> Any:
     timeout = _timeout(parent)
     if timeout is not None:
         kwargs["timeout"] = timeout
-    if parent is dist.group.WORLD:
+    if parent is _world_group():
         return dist.new_group(backend="gloo", **kwargs)
-    return dist.new_group(dist.get_process_group_ranks(parent), backend="gloo", use_local_synchronization=True, **kwargs)
+    return dist.new_group(
+        dist.get_process_group_ranks(parent), backend="gloo", use_local_synchronization=True, **kwargs
+    )
 
 
 def _timeout(group: Any) -> Any:
@@ -183,7 +189,7 @@ def _device_types(group: Any) -> set[str]:
 
 def _group_device(group: Any, avoid: str) -> torch.device:
     """The device the ``"device"`` mode copies states to: the group's bound device or a current device it serves."""
-    for candidate in (group, dist.group.WORLD):
+    for candidate in (group, _world_group()):
         bound = getattr(candidate, "bound_device_id", None)
         if bound is not None and bound.type != avoid:
             return bound
