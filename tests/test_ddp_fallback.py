@@ -3,7 +3,7 @@
 ``init_process_group("cuda:gloo")`` on this CPU-only machine builds a group with a CUDA backend only: collectives on
 CPU tensors fail exactly as under NCCL. Each test spawns one world (2 or 4 ranks) and runs every check in it, stock
 first, then patched, then unpatched; the ranks write what they saw to files, and the assertions run here. Every wait
-is bounded: collectives time out after :data:`COLLECTIVE_TIMEOUT`, a world that is not done after
+is bounded: collectives time out after :data:`TIMEOUT`, a world that is not done after
 :data:`WORLD_TIMEOUT_S` is killed and the test fails with the stacks of its ranks.
 
 """
@@ -30,7 +30,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 pytestmark = pytest.mark.ddp
 
-COLLECTIVE_TIMEOUT = timedelta(seconds=45)
+TIMEOUT = timedelta(seconds=45)
 WORLD_TIMEOUT_S = 150.0
 NO_CPU_BACKEND = "No backend type associated with device type cpu"
 NUM_CLASSES = 4
@@ -185,38 +185,55 @@ def _gloo_world(rank: int, world_size: int) -> dict[str, Any]:
     out["patched"] = _suite([rank])
     out["fallback_is_world"] = sfd.fallback_group() is dist.group.WORLD
     out["new_groups"] = spy.new_groups
-    out["cached_fallbacks"] = len(sfd._fallbacks)
     return out
 
 
-SCENARIOS = {"cuda_only": ("cuda:gloo", _cuda_only_world), "gloo": ("gloo", _gloo_world)}
+def _reinit_world(rank: int, world_size: int) -> dict[str, Any]:
+    """A new cuda-only world in processes whose earlier world had a fallback group: a new one must be made."""
+    import torchmetrics_syncfree
+
+    spy = _Spy()
+    torchmetrics_syncfree.patch_all()
+    return {"patched": _suite([rank], only="mean"), "new_groups": spy.new_groups}
+
+
+SCENARIOS = {
+    "cuda_only": ("cuda:gloo", _cuda_only_world),
+    "gloo": ("gloo", _gloo_world),
+    "reinit": ("cuda:gloo", _reinit_world),
+}
 
 
 # ------------------------------------------------------------------------------------------------- the harness --
-def _rank_main(scenario: str, rank: int, world_size: int, tmp: str) -> None:
+def _rank_main(scenarios: list[str], rank: int, world_size: int, tmp: str) -> None:
+    """Run ``scenarios`` one after the other, each in a fresh process group (destroyed and re-initialised)."""
     out = Path(tmp) / f"rank{rank}.pt"
     faulthandler.dump_traceback_later(WORLD_TIMEOUT_S - 10, exit=True, file=sys.stderr)
     if sys.platform == "linux":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    backend, fn = SCENARIOS[scenario]
+    results: dict[str, Any] = {}
     try:
-        dist.init_process_group(
-            backend, init_method=f"file://{tmp}/store", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
-        )
-        try:
-            torch.save({"result": fn(rank, world_size)}, out)
-        finally:
-            dist.destroy_process_group()
+        for index, scenario in enumerate(scenarios):
+            backend, fn = SCENARIOS[scenario]
+            init = f"file://{tmp}/store{index}"
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size, timeout=TIMEOUT)
+            new_group, barrier = dist.new_group, dist.barrier  # a scenario's _Spy replaces them
+            try:
+                results[scenario] = fn(rank, world_size)
+            finally:
+                dist.new_group, dist.barrier = new_group, barrier
+                dist.destroy_process_group()
+        torch.save({"result": results}, out)
     except BaseException:
         torch.save({"error": traceback.format_exc()}, out)
         raise
 
 
-def run_world(scenario: str, world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
-    """Run ``scenario`` on ``world_size`` spawned ranks; returns each rank's result or fails the test."""
+def run_world(scenarios: list[str], world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
+    """Run ``scenarios`` on ``world_size`` spawned ranks; returns each rank's results by scenario, or fails the test."""
     ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(target=_rank_main, args=(scenario, rank, world_size, str(tmp_path)), daemon=True)
+        ctx.Process(target=_rank_main, args=(scenarios, rank, world_size, str(tmp_path)), daemon=True)
         for rank in range(world_size)
     ]
     for proc in procs:
@@ -235,7 +252,7 @@ def run_world(scenario: str, world_size: int, tmp_path: Path) -> list[dict[str, 
     errors = {rank: o["error"] for rank, o in enumerate(outcomes) if "error" in o}
     if hung or errors:
         pytest.fail(
-            f"{scenario} world of {world_size}: hung ranks {hung}, errors:\n"
+            f"{scenarios} on {world_size} ranks: hung ranks {hung}, errors:\n"
             + "\n".join(f"--- rank {rank}:\n{err}" for rank, err in errors.items())
         )
     return [o["result"] for o in outcomes]
@@ -256,9 +273,8 @@ def _reference(ranks: list[int]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------- the tests --
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_cuda_only_group(world_size: int, tmp_path: Path) -> None:
-    results = run_world("cuda_only", world_size, tmp_path)
+def _check_cuda_only(results: list[dict[str, Any]]) -> None:
+    world_size = len(results)
     whole = _reference(list(range(world_size)))
     halves = [list(range(world_size // 2)), list(range(world_size // 2, world_size))]
     for rank, res in enumerate(results):
@@ -292,13 +308,22 @@ def test_cuda_only_group(world_size: int, tmp_path: Path) -> None:
         assert results[0]["world"][name].numel() == sum(LENGTHS[:world_size])
 
 
-@pytest.mark.parametrize("world_size", [2])
-def test_plain_gloo_group_is_untouched(world_size: int, tmp_path: Path) -> None:
-    results = run_world("gloo", world_size, tmp_path)
-    whole = _reference(list(range(world_size)))
+def test_two_ranks(tmp_path: Path) -> None:
+    """Cuda-only world, then a plain gloo world, then a cuda-only world again, in the same two processes."""
+    results = run_world(["cuda_only", "gloo", "reinit"], 2, tmp_path)
+    _check_cuda_only([res["cuda_only"] for res in results])
+    whole = _reference([0, 1])
     for res in results:
-        _assert_equal_results(res["patched"], res["stock"])
-        _assert_equal_results(res["patched"], whole, exact=False)
-        assert res["new_groups"] == 0
-        assert res["cached_fallbacks"] == 0
-        assert res["fallback_is_world"]
+        # plain gloo: exactly stock, no extra group
+        _assert_equal_results(res["gloo"]["patched"], res["gloo"]["stock"])
+        _assert_equal_results(res["gloo"]["patched"], whole, exact=False)
+        assert res["gloo"]["new_groups"] == 0
+        assert res["gloo"]["fallback_is_world"]
+        # after destroy_process_group() and a new world: a new fallback group, not the dead one
+        _assert_equal_results(res["reinit"]["patched"], {"mean": whole["mean"]}, exact=False)
+        assert res["reinit"]["new_groups"] == 1
+
+
+def test_four_ranks_and_subgroups(tmp_path: Path) -> None:
+    results = run_world(["cuda_only"], 4, tmp_path)
+    _check_cuda_only([res["cuda_only"] for res in results])
