@@ -130,3 +130,18 @@ def test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu(patch: boo
     with torchmetrics_syncfree.patched() if patch else nullcontext():
         metric._sync_dist(_recording_gather(calls))
     assert [sent.device.type for sent, _ in calls] == ["cpu" if patch else "meta"]
+
+
+def test_unknown_groups_are_passed_through(fake_world: _FakeGroup) -> None:
+    """A group whose backends cannot be read (not a ProcessGroup, e.g. NON_GROUP_MEMBER) gets the stock call."""
+    calls: list[tuple[torch.Tensor, Any]] = []
+    state = torch.ones(2)
+    for group in (object(), torch.distributed.GroupMember.NON_GROUP_MEMBER):
+        sfd._route(_recording_gather(calls), state, group)
+        assert calls[-1][0] is state and calls[-1][1] is group
+        assert sfd.fallback_group(group) is group
+
+
+def test_fallback_group_needs_a_process_group() -> None:
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        sfd.fallback_group()

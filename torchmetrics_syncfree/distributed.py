@@ -109,11 +109,18 @@ def fallback_group(group: Optional[Any] = None) -> Any:
         group: the parent process group; ``None`` means WORLD.
 
     Returns:
-        The fallback group (``group`` itself if it already has a CPU backend).
+        The fallback group (``group`` itself if it already has a CPU backend, or if it is not a process group whose
+        backends can be read).
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialized.
 
     """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("fallback_group() needs an initialized process group (torch.distributed.init_process_group)")
     parent = _parent(group)
-    return parent if "cpu" in _device_types(parent) else _gloo_group(parent)
+    types = _device_types(parent)
+    return parent if types is None or "cpu" in types else _gloo_group(parent)
 
 
 def _gloo_group(parent: Any) -> Any:
@@ -160,7 +167,7 @@ def _new_gloo_group(parent: Any) -> Any:
 
 
 def _timeout(group: Any) -> Any:
-    for device in _devices(group):
+    for device in _devices(group) or ():
         try:
             return group._get_backend(device).options._timeout
         except (AttributeError, RuntimeError):
@@ -168,10 +175,13 @@ def _timeout(group: Any) -> Any:
     return None
 
 
-def _devices(group: Any) -> list[torch.device]:
+def _devices(group: Any) -> Optional[list[torch.device]]:
+    """The device types ``group`` has a backend for; ``None`` if that cannot be read (not a ``ProcessGroup``)."""
     types = getattr(group, "_device_types", None)
     if types is not None:
         return list(types)
+    if not hasattr(group, "_get_backend"):
+        return None
     return [torch.device(t) for t in ("cuda", "cpu") if _has_backend(group, t)]  # torch < 2.2
 
 
@@ -183,8 +193,9 @@ def _has_backend(group: Any, device_type: str) -> bool:
     return True
 
 
-def _device_types(group: Any) -> set[str]:
-    return {device.type for device in _devices(group)}
+def _device_types(group: Any) -> Optional[set[str]]:
+    devices = _devices(group)
+    return None if devices is None else {device.type for device in devices}
 
 
 def _group_device(group: Any, avoid: str) -> torch.device:
@@ -193,7 +204,7 @@ def _group_device(group: Any, avoid: str) -> torch.device:
         bound = getattr(candidate, "bound_device_id", None)
         if bound is not None and bound.type != avoid:
             return bound
-    for device in _devices(group):
+    for device in _devices(group) or ():
         if device.type != avoid:
             module = getattr(torch, device.type, None)
             index = module.current_device() if hasattr(module, "current_device") else device.index
@@ -206,7 +217,8 @@ def _route(sync_fn: Callable[..., Any], result: Any, group: Optional[Any] = None
     if not isinstance(result, Tensor) or not dist.is_available() or not dist.is_initialized():
         return sync_fn(result, group=group, **kwargs)
     parent = _parent(group)
-    if parent is dist.GroupMember.NON_GROUP_MEMBER or result.device.type in _device_types(parent):
+    types = _device_types(parent)
+    if types is None or result.device.type in types:  # None: not a ProcessGroup (e.g. NON_GROUP_MEMBER)
         return sync_fn(result, group=group, **kwargs)
     mode = get_fallback_mode()
     if mode == "gloo":
