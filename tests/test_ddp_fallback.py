@@ -191,10 +191,13 @@ def _gloo_world(rank: int, world_size: int) -> dict[str, Any]:
 def _reinit_world(rank: int, world_size: int) -> dict[str, Any]:
     """A new cuda-only world in processes whose earlier world had a fallback group: a new one must be made."""
     import torchmetrics_syncfree
+    from torchmetrics_syncfree import distributed as sfd
 
     spy = _Spy()
     torchmetrics_syncfree.patch_all()
-    return {"patched": _suite([rank], only="mean"), "new_groups": spy.new_groups}
+    out = {"patched": _suite([rank], only="mean"), "new_groups": spy.new_groups}
+    out["cached"] = len(sfd._fallbacks)  # the dead world's group is forgotten, not kept alive
+    return out
 
 
 SCENARIOS = {
@@ -322,6 +325,7 @@ def test_two_ranks(tmp_path: Path) -> None:
         # after destroy_process_group() and a new world: a new fallback group, not the dead one
         _assert_equal_results(res["reinit"]["patched"], {"mean": whole["mean"]}, exact=False)
         assert res["reinit"]["new_groups"] == 1
+        assert res["reinit"]["cached"] == 1
 
 
 def test_four_ranks_and_subgroups(tmp_path: Path) -> None:
