@@ -1,0 +1,333 @@
+"""Metric states synced over process groups without a backend for their device (issue 4), in spawned worlds.
+
+``init_process_group("cuda:gloo")`` on this CPU-only machine builds a group with a CUDA backend only: collectives on
+CPU tensors fail exactly as under NCCL. Each test spawns one world (2 or 4 ranks) and runs every check in it, stock
+first, then patched, then unpatched; the ranks write what they saw to files, and the assertions run here. Every wait
+is bounded: collectives time out after :data:`TIMEOUT`, a world that is not done after
+:data:`WORLD_TIMEOUT_S` is killed and the test fails with the stacks of its ranks.
+
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torchmetrics import MetricCollection
+from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, SumMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+pytestmark = pytest.mark.ddp
+
+TIMEOUT = timedelta(seconds=45)
+WORLD_TIMEOUT_S = 150.0
+NO_CPU_BACKEND = "No backend type associated with device type cpu"
+NUM_CLASSES = 4
+#: values per rank: uneven, and rank 2 of a 4-rank world sees no data at all
+LENGTHS = (4, 7, 0, 2)
+STEPS = 3
+
+
+# ----------------------------------------------------------------------------------------------------- the data --
+def _data(rank: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(1234 + rank)
+    n = LENGTHS[rank]
+    return {
+        "values": torch.randn(n, generator=gen),
+        "weights": torch.rand(n, generator=gen),
+        "preds": torch.randint(0, NUM_CLASSES, (8 + rank,), generator=gen),
+        "target": torch.randint(0, NUM_CLASSES, (8 + rank,), generator=gen),
+        "steps": [torch.randn(2 + rank, generator=gen) for _ in range(STEPS)],
+    }
+
+
+def _suite(
+    ranks: list[int], group: Optional[Any] = None, native: Optional[Any] = None, only: Optional[str] = None
+) -> dict[str, Any]:
+    """Every checked metric fed with the data of ``ranks`` (one rank under DDP, all of them for the reference).
+
+    ``group`` is the metrics' ``process_group``; ``native`` that of the collection member that must not need the
+    fallback (a gloo group over the same ranks). ``only`` runs just the metric of that name.
+
+    """
+    data = [_data(rank) for rank in ranks]
+    out: dict[str, Any] = {}
+
+    def run(name: str, metric: Any, feed: Callable[[Any, dict[str, Any]], Any]) -> None:
+        if only not in (None, name):
+            return
+        for d in data:
+            feed(metric, d)
+        out[name] = metric.compute()
+
+    run("mean", MeanMetric(process_group=group), lambda m, d: m.update(d["values"], d["weights"]))
+    run("sum", SumMetric(process_group=group), lambda m, d: m.update(d["values"]))
+    run("max", MaxMetric(process_group=group), lambda m, d: m.update(d["values"]))
+    run("cat", CatMetric(process_group=group), lambda m, d: m.update(d["values"]))
+    run("cat_cpu", CatMetric(compute_on_cpu=True, process_group=group), lambda m, d: m.update(d["values"]))
+    run("acc", MulticlassAccuracy(NUM_CLASSES, process_group=group), lambda m, d: m.update(d["preds"], d["target"]))
+    collection = MetricCollection(
+        {
+            "mean": MeanMetric(process_group=group),
+            "sum_native": SumMetric(process_group=native),
+            "cat_cpu": CatMetric(compute_on_cpu=True, process_group=group),
+            "max": MaxMetric(process_group=group),
+        }
+    )
+    run("collection", collection, lambda m, d: m.update(d["values"]))
+    # under DDP, forward() syncs each batch; a single-process reference has no cross-rank batch (_step_reference)
+    if len(ranks) == 1 and only is None:
+        step = MeanMetric(dist_sync_on_step=True, process_group=group)
+        out["step_forward"] = torch.stack([step(batch) for batch in data[0]["steps"]])
+        out["step_compute"] = step.compute()
+    return out
+
+
+def _step_reference(ranks: list[int]) -> dict[str, torch.Tensor]:
+    steps = [torch.cat([_data(rank)["steps"][k] for rank in ranks]).mean() for k in range(STEPS)]
+    everything = torch.cat([torch.cat(_data(rank)["steps"]) for rank in ranks]).mean()
+    return {"step_forward": torch.stack(steps), "step_compute": everything}
+
+
+def _error(fn: Callable[[], Any]) -> Optional[str]:
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - the message is the result
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+class _Spy:
+    """Counts ``torch.distributed.new_group`` calls and records the groups ``barrier`` runs on."""
+
+    def __init__(self) -> None:
+        self.new_groups = 0
+        self.barrier_groups: list[Any] = []
+        new_group, barrier = dist.new_group, dist.barrier
+
+        def counting_new_group(*args: Any, **kwargs: Any) -> Any:
+            self.new_groups += 1
+            return new_group(*args, **kwargs)
+
+        def recording_barrier(*args: Any, **kwargs: Any) -> Any:
+            self.barrier_groups.append(kwargs.get("group", args[0] if args else None))
+            return barrier(*args, **kwargs)
+
+        dist.new_group, dist.barrier = counting_new_group, recording_barrier
+
+
+# ----------------------------------------------------------------------------------------------- the scenarios --
+def _cuda_only_world(rank: int, world_size: int) -> dict[str, Any]:
+    """A world whose groups have no CPU backend, like NCCL; checks stock, patched (both modes), unpatched."""
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import distributed as sfd
+
+    halves = [list(range(world_size // 2)), list(range(world_size // 2, world_size))]
+    gloo_all = dist.new_group(backend="gloo")
+    subgroups = [dist.new_group(ranks) for ranks in halves] if world_size == 4 else []
+    gloo_subgroups = [dist.new_group(ranks, backend="gloo") for ranks in halves] if world_size == 4 else []
+    spy = _Spy()
+    out: dict[str, Any] = {"stock_errors": {}}
+    for name in ("mean", "cat"):  # each fails on its own; one suite run would stop at the first
+        out["stock_errors"][name] = _error(lambda name=name: _suite([rank], only=name))
+
+    torchmetrics_syncfree.patch_all()
+    spy.barrier_groups.clear()
+    out["world"] = _suite([rank], None, gloo_all)
+    fallback = sfd.fallback_group()
+    kinds = {id(fallback): "fallback", id(gloo_all): "native"}  # the collection's native member syncs on gloo_all
+    out["barriers"] = sorted({kinds.get(id(group), "other") for group in spy.barrier_groups})
+    out["world_again"] = _suite([rank], None, gloo_all)
+    out["fallback_cached"] = sfd.fallback_group() is fallback
+    out["new_groups_world"] = spy.new_groups
+    out["gloo"] = _suite([rank], gloo_all, gloo_all)
+    out["gloo_is_own_fallback"] = sfd.fallback_group(gloo_all) is gloo_all
+    out["new_groups_gloo"] = spy.new_groups
+    if subgroups:
+        out["sub"] = _suite([rank], subgroups[rank // 2], gloo_subgroups[rank // 2])
+        out["new_groups_sub"] = spy.new_groups
+        out["gloo_sub"] = _suite([rank], gloo_subgroups[rank // 2], gloo_subgroups[rank // 2])
+
+    sfd.set_fallback_mode("off")
+    out["off_error"] = _error(lambda: _suite([rank], only="mean"))
+    sfd.set_fallback_mode("device")
+    if torch.cuda.is_available():
+        out["device"] = _suite([rank], None, gloo_all)
+    else:  # the state is sent to the group's device, which this machine does not have
+        out["device_error"] = _error(lambda: _suite([rank], only="mean"))
+    sfd.set_fallback_mode(None)
+    out["new_groups_final"] = spy.new_groups
+
+    torchmetrics_syncfree.unpatch_all()
+    out["unpatched_error"] = _error(lambda: _suite([rank], only="mean"))
+    return out
+
+
+def _gloo_world(rank: int, world_size: int) -> dict[str, Any]:
+    """A plain gloo world: patched must be stock, with no extra group."""
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import distributed as sfd
+
+    spy = _Spy()
+    out = {"stock": _suite([rank])}
+    torchmetrics_syncfree.patch_all()
+    out["patched"] = _suite([rank])
+    out["fallback_is_world"] = sfd.fallback_group() is dist.group.WORLD
+    out["new_groups"] = spy.new_groups
+    return out
+
+
+def _reinit_world(rank: int, world_size: int) -> dict[str, Any]:
+    """A new cuda-only world in processes whose earlier world had a fallback group: a new one must be made."""
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import distributed as sfd
+
+    spy = _Spy()
+    torchmetrics_syncfree.patch_all()
+    out = {"patched": _suite([rank], only="mean"), "new_groups": spy.new_groups}
+    out["cached"] = len(sfd._fallbacks)  # the dead world's group is forgotten, not kept alive
+    return out
+
+
+SCENARIOS = {
+    "cuda_only": ("cuda:gloo", _cuda_only_world),
+    "gloo": ("gloo", _gloo_world),
+    "reinit": ("cuda:gloo", _reinit_world),
+}
+
+
+# ------------------------------------------------------------------------------------------------- the harness --
+def _rank_main(scenarios: list[str], rank: int, world_size: int, tmp: str) -> None:
+    """Run ``scenarios`` one after the other, each in a fresh process group (destroyed and re-initialised)."""
+    out = Path(tmp) / f"rank{rank}.pt"
+    faulthandler.dump_traceback_later(WORLD_TIMEOUT_S - 10, exit=True, file=sys.stderr)
+    if sys.platform == "linux":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    results: dict[str, Any] = {}
+    try:
+        for index, scenario in enumerate(scenarios):
+            backend, fn = SCENARIOS[scenario]
+            init = f"file://{tmp}/store{index}"
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size, timeout=TIMEOUT)
+            new_group, barrier = dist.new_group, dist.barrier  # a scenario's _Spy replaces them
+            try:
+                results[scenario] = fn(rank, world_size)
+            finally:
+                dist.new_group, dist.barrier = new_group, barrier
+                dist.destroy_process_group()
+        torch.save({"result": results}, out)
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, out)
+        raise
+
+
+def run_world(scenarios: list[str], world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
+    """Run ``scenarios`` on ``world_size`` spawned ranks; returns each rank's results by scenario, or fails the test."""
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_rank_main, args=(scenarios, rank, world_size, str(tmp_path)), daemon=True)
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + WORLD_TIMEOUT_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+    for rank in hung:
+        procs[rank].kill()
+        procs[rank].join(10)
+    outcomes = []
+    for rank in range(world_size):
+        path = tmp_path / f"rank{rank}.pt"
+        outcomes.append(torch.load(path, weights_only=False) if path.exists() else {"error": "no result written"})
+    errors = {rank: o["error"] for rank, o in enumerate(outcomes) if "error" in o}
+    if hung or errors:
+        pytest.fail(
+            f"{scenarios} on {world_size} ranks: hung ranks {hung}, errors:\n"
+            + "\n".join(f"--- rank {rank}:\n{err}" for rank, err in errors.items())
+        )
+    return [o["result"] for o in outcomes]
+
+
+def _assert_equal_results(got: dict[str, Any], expected: dict[str, Any], exact: bool = True) -> None:
+    assert got.keys() == expected.keys()
+    tolerance = {"rtol": 0, "atol": 0} if exact else {}
+    for name, value in got.items():
+        torch.testing.assert_close(value, expected[name], msg=name, **tolerance)
+
+
+def _reference(ranks: list[int]) -> dict[str, Any]:
+    reference = _suite(ranks)
+    if len(ranks) > 1:
+        reference.update(_step_reference(ranks))
+    return reference
+
+
+# --------------------------------------------------------------------------------------------------- the tests --
+def _check_cuda_only(results: list[dict[str, Any]]) -> None:
+    world_size = len(results)
+    whole = _reference(list(range(world_size)))
+    halves = [list(range(world_size // 2)), list(range(world_size // 2, world_size))]
+    for rank, res in enumerate(results):
+        # the reproduction: stock fails like under NCCL, and again after unpatching; "off" keeps stock behaviour
+        assert res["stock_errors"] == {
+            "mean": f"RuntimeError: {NO_CPU_BACKEND}",
+            "cat": f"RuntimeError: {NO_CPU_BACKEND}",
+        }
+        assert res["unpatched_error"] == f"RuntimeError: {NO_CPU_BACKEND}"
+        assert res["off_error"] == f"RuntimeError: {NO_CPU_BACKEND}"
+        # patched: same as on a gloo group over the same ranks, and as one process that saw every rank's data
+        _assert_equal_results(res["world"], res["gloo"])
+        _assert_equal_results(res["world_again"], res["gloo"])
+        _assert_equal_results(res["world"], whole, exact=False)
+        # one gloo group for WORLD, created on first use and then reused, and every barrier went through it
+        assert res["new_groups_world"] == 1
+        assert res["fallback_cached"]
+        assert res["barriers"] == ["fallback", "native"]
+        assert res["gloo_is_own_fallback"]
+        assert res["new_groups_gloo"] == 1  # the gloo group needed none
+        if world_size == 4:  # a 2-rank subgroup: its own fallback over its ranks only
+            _assert_equal_results(res["sub"], res["gloo_sub"])
+            _assert_equal_results(res["sub"], _reference(halves[rank // 2]), exact=False)
+            assert res["new_groups_sub"] == 2
+        if "device" in res:
+            _assert_equal_results(res["device"], res["gloo"])
+        else:
+            assert "CUDA" in res["device_error"], res["device_error"]
+        assert res["new_groups_final"] == res.get("new_groups_sub", 1)  # the device mode creates no group
+    for name in ("cat", "cat_cpu"):  # uneven lengths, one rank without data
+        assert results[0]["world"][name].numel() == sum(LENGTHS[:world_size])
+
+
+def test_two_ranks(tmp_path: Path) -> None:
+    """Cuda-only world, then a plain gloo world, then a cuda-only world again, in the same two processes."""
+    results = run_world(["cuda_only", "gloo", "reinit"], 2, tmp_path)
+    _check_cuda_only([res["cuda_only"] for res in results])
+    whole = _reference([0, 1])
+    for res in results:
+        # plain gloo: exactly stock, no extra group
+        _assert_equal_results(res["gloo"]["patched"], res["gloo"]["stock"])
+        _assert_equal_results(res["gloo"]["patched"], whole, exact=False)
+        assert res["gloo"]["new_groups"] == 0
+        assert res["gloo"]["fallback_is_world"]
+        # after destroy_process_group() and a new world: a new fallback group, not the dead one
+        _assert_equal_results(res["reinit"]["patched"], {"mean": whole["mean"]}, exact=False)
+        assert res["reinit"]["new_groups"] == 1
+        assert res["reinit"]["cached"] == 1
+
+
+def test_four_ranks_and_subgroups(tmp_path: Path) -> None:
+    results = run_world(["cuda_only"], 4, tmp_path)
+    _check_cuda_only([res["cuda_only"] for res in results])

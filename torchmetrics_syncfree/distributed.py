@@ -1,0 +1,283 @@
+"""DDP sync of metric states whose device has no backend in the process group (e.g. CPU states under NCCL).
+
+What was wrong: ``Metric.compute()`` gathers every state with ``gather_all_tensors(state, group)`` on the metric's
+``process_group`` (default: WORLD). Under NCCL (or any group built for CUDA only, e.g. ``"cuda:gloo"``) a state
+that lives on the CPU (an average step time, a ``compute_on_cpu=True`` list state, a metric never moved to the GPU)
+fails with ``RuntimeError: No backend type associated with device type cpu`` (torchmetrics#2477, Lightning#18803).
+The only stock work-arounds are ``sync_on_compute=False`` (wrong results across ranks) or moving the metric to the
+GPU (a host-device sync on every update).
+
+What replaces it: before a state is gathered, the device type of the state is looked up in the group's backends.
+If the group has a backend for it, nothing changes (the stock call, on the stock group). If not, depending on the
+mode (:func:`set_fallback_mode`, or the environment variable ``TORCHMETRICS_SYNCFREE_DDP_FALLBACK``):
+
+``"gloo"`` (default)
+    the state is gathered, barrier included, through a gloo group over the same ranks. The group is created on the
+    first such sync, once per parent group, and cached. Creation is collective over the parent's ranks; it happens
+    at the same point on every rank because every rank syncs the same metrics in the same order (call
+    :func:`fallback_group` right after ``init_process_group`` to create it eagerly instead).
+``"device"``
+    the state is copied to the group's device (``bound_device_id``, else the current device of the group's first
+    device type) for the collective, and the gathered tensors are copied back. No extra group, no extra sockets.
+``"off"``
+    stock behaviour (the error above).
+
+Patched targets (identical in torchmetrics 1.6.1 to 1.9.x apart from upstream's own slicing fix in
+``gather_all_tensors`` in 1.9, which this module does not touch because it calls the original):
+
+* ``torchmetrics.utilities.distributed.gather_all_tensors`` (and its by-name import in ``torchmetrics.metric``):
+  routes the state as above, then calls the original;
+* ``torchmetrics.Metric._sync_dist``: routes a user's ``dist_sync_fn`` the same way, and gives a rank with no data
+  in a ``compute_on_cpu=True`` list state an empty placeholder on the CPU (stock puts it on the metric's device),
+  so that every rank takes the same route and no rank waits on a collective the others never enter.
+
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor
+from torchmetrics.utilities.data import dim_zero_cat
+
+from torchmetrics_syncfree._registry import get_original, replaces
+
+#: Environment variable selecting the fallback mode when :func:`set_fallback_mode` was not called.
+MODE_ENV_VAR = "TORCHMETRICS_SYNCFREE_DDP_FALLBACK"
+#: The fallback modes, the first being the default.
+MODES = ("gloo", "device", "off")
+_GATHER = "torchmetrics.utilities.distributed.gather_all_tensors"
+_SYNC_DIST = "torchmetrics.metric.Metric._sync_dist"
+
+_lock = threading.RLock()
+_mode: Optional[str] = None
+# parent group -> its gloo fallback group; valid while the default group is _cache_world
+_fallbacks: dict[Any, Any] = {}
+_cache_world: Any = None
+
+
+def set_fallback_mode(mode: Optional[str]) -> None:
+    """Choose how states whose device type has no backend in the process group are synced.
+
+    Args:
+        mode: ``"gloo"`` (a cached gloo group over the same ranks), ``"device"`` (copy to the group's device and
+            back), ``"off"`` (stock behaviour: the collective raises), or ``None`` to go back to the environment
+            variable :data:`MODE_ENV_VAR` (default ``"gloo"``).
+
+    Example:
+        >>> from torchmetrics_syncfree.distributed import get_fallback_mode, set_fallback_mode
+        >>> set_fallback_mode("device")
+        >>> get_fallback_mode()
+        'device'
+        >>> set_fallback_mode(None)
+
+    """
+    global _mode
+    _mode = None if mode is None else _checked_mode(mode, "set_fallback_mode")
+
+
+def get_fallback_mode() -> str:
+    """The mode in force: the one set with :func:`set_fallback_mode`, else :data:`MODE_ENV_VAR`, else ``"gloo"``."""
+    if _mode is not None:
+        return _mode
+    return _checked_mode(os.environ.get(MODE_ENV_VAR, "") or MODES[0], MODE_ENV_VAR)
+
+
+def _checked_mode(mode: str, source: str) -> str:
+    mode = mode.strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"{source}: unknown DDP fallback mode {mode!r}; expected one of {MODES}")
+    return mode
+
+
+def fallback_group(group: Optional[Any] = None) -> Any:
+    """The gloo group over the ranks of ``group`` (default WORLD), created on first use and cached.
+
+    Creating it is collective over the ranks of ``group`` (over the whole world for WORLD): every one of them must
+    call this (or sync a metric that needs it) at the same point. Call it right after ``init_process_group`` (and
+    after creating a subgroup, on the subgroup's ranks) to create the groups eagerly and in a known order.
+
+    Args:
+        group: the parent process group; ``None`` means WORLD.
+
+    Returns:
+        The fallback group (``group`` itself if it already has a CPU backend, or if it is not a process group whose
+        backends can be read).
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialized.
+
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("fallback_group() needs an initialized process group (torch.distributed.init_process_group)")
+    parent = _parent(group)
+    types = _device_types(parent)
+    return parent if types is None or "cpu" in types else _gloo_group(parent)
+
+
+def _gloo_group(parent: Any) -> Any:
+    with _lock:
+        _forget_stale_groups()
+        fallback = _fallbacks.get(parent)
+        if fallback is None:
+            fallback = _fallbacks[parent] = _new_gloo_group(parent)
+        return fallback
+
+
+def _world_group() -> Any:
+    return dist.group.WORLD
+
+
+def _parent(group: Optional[Any]) -> Any:
+    return _world_group() if group is None else group
+
+
+def _forget_stale_groups() -> None:
+    """Drop cached groups of an earlier ``init_process_group`` (they died with its ``destroy_process_group``)."""
+    global _cache_world
+    if _world_group() is not _cache_world:
+        _fallbacks.clear()
+        _cache_world = _world_group()
+
+
+def _new_gloo_group(parent: Any) -> Any:
+    """Create a gloo group over ``parent``'s ranks, with ``parent``'s timeout.
+
+    A WORLD fallback is created by every rank (a plain ``new_group``). A subgroup's fallback is created by its
+    members only (``use_local_synchronization``): the other ranks never sync through the subgroup.
+
+    """
+    kwargs: dict[str, Any] = {}
+    timeout = _timeout(parent)
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if parent is _world_group():
+        return dist.new_group(backend="gloo", **kwargs)
+    return dist.new_group(
+        dist.get_process_group_ranks(parent), backend="gloo", use_local_synchronization=True, **kwargs
+    )
+
+
+def _timeout(group: Any) -> Any:
+    for device in _devices(group) or ():
+        try:
+            return group._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
+def _devices(group: Any) -> Optional[list[torch.device]]:
+    """The device types ``group`` has a backend for; ``None`` if that cannot be read (not a ``ProcessGroup``)."""
+    types = getattr(group, "_device_types", None)
+    if types is not None:
+        return list(types)
+    if not hasattr(group, "_get_backend"):
+        return None
+    return [torch.device(t) for t in ("cuda", "cpu") if _has_backend(group, t)]  # torch < 2.2
+
+
+def _has_backend(group: Any, device_type: str) -> bool:
+    try:
+        group._get_backend(torch.device(device_type))
+    except RuntimeError:
+        return False
+    return True
+
+
+def _device_types(group: Any) -> Optional[set[str]]:
+    devices = _devices(group)
+    return None if devices is None else {device.type for device in devices}
+
+
+def _group_device(group: Any, avoid: str) -> torch.device:
+    """The device the ``"device"`` mode copies states to: the group's bound device or a current device it serves."""
+    for candidate in (group, _world_group()):
+        bound = getattr(candidate, "bound_device_id", None)
+        if bound is not None and bound.type != avoid:
+            return bound
+    for device in _devices(group) or ():
+        if device.type != avoid:
+            module = getattr(torch, device.type, None)
+            index = module.current_device() if hasattr(module, "current_device") else device.index
+            return torch.device(device.type, index)
+    raise RuntimeError(f"process group has no backend for a device other than {avoid}")
+
+
+def _route(sync_fn: Callable[..., Any], result: Any, group: Optional[Any] = None, **kwargs: Any) -> Any:
+    """Run ``sync_fn(result, group=group)`` on a group that has a backend for ``result``'s device (see module doc)."""
+    if not isinstance(result, Tensor) or not dist.is_available() or not dist.is_initialized():
+        return sync_fn(result, group=group, **kwargs)
+    parent = _parent(group)
+    types = _device_types(parent)
+    if types is None or result.device.type in types:  # None: not a ProcessGroup (e.g. NON_GROUP_MEMBER)
+        return sync_fn(result, group=group, **kwargs)
+    mode = get_fallback_mode()
+    if mode == "gloo":
+        return sync_fn(result, group=_gloo_group(parent), **kwargs)
+    if mode == "device":
+        gathered = sync_fn(result.to(_group_device(parent, result.device.type)), group=group, **kwargs)
+        return apply_to_collection(gathered, Tensor, lambda t: t.to(result.device))
+    return sync_fn(result, group=group, **kwargs)
+
+
+@replaces(_GATHER, params=("result", "group"), everywhere=True)
+def gather_all_tensors(result: Tensor, group: Optional[Any] = None) -> list[Tensor]:
+    """Stock ``gather_all_tensors`` on a group that has a backend for the device of ``result``.
+
+    Args:
+        result: the value to gather.
+        group: the process group; ``None`` means WORLD.
+
+    Returns:
+        One tensor per rank of the group, on the device of ``result``.
+
+    """
+    return _route(get_original(_GATHER), result, group)
+
+
+@replaces(_SYNC_DIST, params=("self", "dist_sync_fn", "process_group"))
+def _sync_dist(self: Any, dist_sync_fn: Optional[Callable] = None, process_group: Optional[Any] = None) -> None:
+    """Stock ``Metric._sync_dist`` with every state routed as in :func:`gather_all_tensors`.
+
+    A custom ``dist_sync_fn`` is routed too: it receives the fallback group (or the copied state) only where the
+    stock call would have failed.
+
+    """
+    if dist_sync_fn is None or dist_sync_fn is get_original(_GATHER):
+        dist_sync_fn = gather_all_tensors
+    elif dist_sync_fn is not gather_all_tensors:
+        dist_sync_fn = functools.partial(_route, dist_sync_fn)
+    with _empty_list_states_on_cpu(self):
+        get_original(_SYNC_DIST)(self, dist_sync_fn, process_group)
+
+
+@contextmanager
+def _empty_list_states_on_cpu(metric: Any) -> Iterator[None]:
+    """For ``compute_on_cpu`` metrics, stand in an empty CPU tensor for an empty list state during the sync.
+
+    Stock substitutes ``torch.tensor([], device=metric.device)`` for an empty concatenated list state, so with
+    ``compute_on_cpu=True`` a rank that saw no data would gather on the GPU while the others gather on the CPU.
+
+    """
+    swapped: dict[str, list[Tensor]] = {}
+    if getattr(metric, "compute_on_cpu", False):
+        for attr, reduction in metric._reductions.items():
+            value = getattr(metric, attr)
+            if reduction is dim_zero_cat and isinstance(value, list) and not value:
+                swapped[attr] = [torch.empty(0, dtype=metric.dtype)]
+                setattr(metric, attr, swapped[attr])
+    try:
+        yield
+    finally:
+        for attr, placeholder in swapped.items():
+            if getattr(metric, attr) is placeholder:  # the sync failed before replacing it
+                setattr(metric, attr, [])
