@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -53,7 +53,7 @@ def _data(rank: int) -> dict[str, Any]:
 
 
 def _suite(
-    ranks: list[int], group: Optional[Any] = None, native: Optional[Any] = None, only: Optional[str] = None
+    ranks: list[int], group: Any | None = None, native: Any | None = None, only: str | None = None
 ) -> dict[str, Any]:
     """Every checked metric fed with the data of ``ranks`` (one rank under DDP, all of them for the reference).
 
@@ -100,10 +100,10 @@ def _step_reference(ranks: list[int]) -> dict[str, torch.Tensor]:
     return {"step_forward": torch.stack(steps), "step_compute": everything}
 
 
-def _error(fn: Callable[[], Any]) -> Optional[str]:
+def _error(fn: Callable[[], Any]) -> str | None:
     try:
         fn()
-    except Exception as err:  # noqa: BLE001 - the message is the result
+    except Exception as err:
         return f"{type(err).__name__}: {err}"
     return None
 

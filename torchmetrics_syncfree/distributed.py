@@ -40,7 +40,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,13 +58,13 @@ _GATHER = "torchmetrics.utilities.distributed.gather_all_tensors"
 _SYNC_DIST = "torchmetrics.metric.Metric._sync_dist"
 
 _lock = threading.RLock()
-_mode: Optional[str] = None
+_mode: str | None = None
 # parent group -> its gloo fallback group; valid while the default group is _cache_world
 _fallbacks: dict[Any, Any] = {}
 _cache_world: Any = None
 
 
-def set_fallback_mode(mode: Optional[str]) -> None:
+def set_fallback_mode(mode: str | None) -> None:
     """Choose how states whose device type has no backend in the process group are synced.
 
     Args:
@@ -98,7 +98,7 @@ def _checked_mode(mode: str, source: str) -> str:
     return mode
 
 
-def fallback_group(group: Optional[Any] = None) -> Any:
+def fallback_group(group: Any | None = None) -> Any:
     """The gloo group over the ranks of ``group`` (default WORLD), created on first use and cached.
 
     Creating it is collective over the ranks of ``group`` (over the whole world for WORLD): every one of them must
@@ -136,7 +136,7 @@ def _world_group() -> Any:
     return dist.group.WORLD
 
 
-def _parent(group: Optional[Any]) -> Any:
+def _parent(group: Any | None) -> Any:
     return _world_group() if group is None else group
 
 
@@ -175,7 +175,7 @@ def _timeout(group: Any) -> Any:
     return None
 
 
-def _devices(group: Any) -> Optional[list[torch.device]]:
+def _devices(group: Any) -> list[torch.device] | None:
     """The device types ``group`` has a backend for; ``None`` if that cannot be read (not a ``ProcessGroup``)."""
     types = getattr(group, "_device_types", None)
     if types is not None:
@@ -193,7 +193,7 @@ def _has_backend(group: Any, device_type: str) -> bool:
     return True
 
 
-def _device_types(group: Any) -> Optional[set[str]]:
+def _device_types(group: Any) -> set[str] | None:
     devices = _devices(group)
     return None if devices is None else {device.type for device in devices}
 
@@ -212,7 +212,7 @@ def _group_device(group: Any, avoid: str) -> torch.device:
     raise RuntimeError(f"process group has no backend for a device other than {avoid}")
 
 
-def _route(sync_fn: Callable[..., Any], result: Any, group: Optional[Any] = None, **kwargs: Any) -> Any:
+def _route(sync_fn: Callable[..., Any], result: Any, group: Any | None = None, **kwargs: Any) -> Any:
     """Run ``sync_fn(result, group=group)`` on a group that has a backend for ``result``'s device (see module doc)."""
     if not isinstance(result, Tensor) or not dist.is_available() or not dist.is_initialized():
         return sync_fn(result, group=group, **kwargs)
@@ -230,7 +230,7 @@ def _route(sync_fn: Callable[..., Any], result: Any, group: Optional[Any] = None
 
 
 @replaces(_GATHER, params=("result", "group"), everywhere=True)
-def gather_all_tensors(result: Tensor, group: Optional[Any] = None) -> list[Tensor]:
+def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]:
     """Stock ``gather_all_tensors`` on a group that has a backend for the device of ``result``.
 
     Args:
@@ -245,7 +245,7 @@ def gather_all_tensors(result: Tensor, group: Optional[Any] = None) -> list[Tens
 
 
 @replaces(_SYNC_DIST, params=("self", "dist_sync_fn", "process_group"))
-def _sync_dist(self: Any, dist_sync_fn: Optional[Callable] = None, process_group: Optional[Any] = None) -> None:
+def _sync_dist(self: Any, dist_sync_fn: Callable | None = None, process_group: Any | None = None) -> None:
     """Stock ``Metric._sync_dist`` with every state routed as in :func:`gather_all_tensors`.
 
     A custom ``dist_sync_fn`` is routed too: it receives the fallback group (or the copied state) only where the
