@@ -41,7 +41,7 @@ def snapshot(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     """An unpatched upstream checkout (shared by the module's tests: clone it before changing it)."""
     if not request.param.is_file() or shutil.which("git") is None:
         pytest.skip("needs git and the upstream snapshots in ../shared/upstream/")
-    tree = _upstream.unpack(request.param, tmp_path_factory.mktemp("snapshot"))
+    tree = _upstream.unpack(request.param, tmp_path_factory.mktemp(_upstream.snapshot_label(request.param)))
     _upstream.make_checkout(tree, "upstream", tag="upstream")
     return tree
 
@@ -139,8 +139,10 @@ def test_refuses_a_directory_that_is_not_a_checkout(tmp_path: Path):
 
 
 @needs_snapshots
-def test_make_regenerates_the_same_series(checkout: Path, tmp_path: Path):
+def test_make_regenerates_the_same_series(checkout: Path, tmp_path: Path, snapshot: Path):
     """apply then make gives back byte-identical patch files (the series is reproducible from a branch)."""
+    if not snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0])):
+        pytest.skip("the series is made against master; on other trees the blob ids of CHANGELOG.md differ")
     series.apply(checkout)
     out = tmp_path / "made"
     made = series.make(checkout, "upstream", "HEAD", out)

@@ -302,7 +302,7 @@ def _project_suites(stock: Path, patched: Path, touched: Sequence[str], workers:
     return result.returncode == 0, time.monotonic() - start, lines[-1] if lines else ""
 
 
-def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: bool, project: str) -> int:
+def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: str, project: str) -> int:
     """Apply the series to each snapshot and check it; returns the number of problems found."""
     patches = patch_files(series)
     problems: list[str] = []
@@ -327,7 +327,7 @@ def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str
             after_report, before_report = Path(tmp) / f"{label}-after.xml", Path(tmp) / f"{label}-before.xml"
             seconds = _pytest(patched, paths, after_report, workers)
             after = Outcomes.read(after_report)
-            if baseline:
+            if baseline == "all" or (baseline == "first" and index == 0):
                 seconds += _pytest(stock, paths, before_report, workers)
                 before = Outcomes.read(before_report)
                 problems += [f"{label}: {p}" for p in compare_outcomes(before, after)]
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     p_test.add_argument("--archive", type=Path, action="append", help="snapshot(s); default: both in shared/upstream")
     p_test.add_argument("-n", "--workers", type=int, default=2)
     p_test.add_argument("--ruff", default="ruff", help="ruff executable (upstream pins its version in pre-commit)")
-    p_test.add_argument("--no-baseline", action="store_true", help="skip the upstream tests on the unpatched trees")
+    p_test.add_argument("--baseline", choices=("first", "all", "none"), default="first", help="unpatched runs too")
     p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
 
     args = parser.parse_args(argv)
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 raise SeriesError(f"snapshot(s) not found: {missing} (they live in ../shared/upstream/)")
             project = args.project
-            return min(1, check_series(archives, args.series, args.workers, args.ruff, not args.no_baseline, project))
+            return min(1, check_series(archives, args.series, args.workers, args.ruff, args.baseline, project))
     except SeriesError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
