@@ -23,24 +23,18 @@ from _upstream import REPO, SHARED_UPSTREAM, SNAPSHOTS, git, make_checkout, unpa
 
 
 def _calls() -> dict[str, tuple[type, object, object]]:
-    import torch
-    from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, MinMetric, SumMetric
+    """The calls of the project's sync acceptance tests (``tests/test_aggregation_syncs.py``)."""
+    from torchmetrics.aggregation import MeanMetric
 
-    vec = torch.rand(16, generator=torch.Generator().manual_seed(0))
-    nan_vec, loss = torch.tensor([0.5, float("nan"), 1.5]), torch.tensor(0.69)
-    mean_calls = {
-        "update(loss)": lambda m: m.update(loss),
-        "update(0.25)": lambda m: m.update(0.25),
-        "update(loss, weight=2.0)": lambda m: m.update(loss, weight=2.0),
-        "update(vec, weight=vec)": lambda m: m.update(vec, weight=vec),
-        "forward(loss)": lambda m: m(loss),
-    }
+    from tests._aggregation_cases import AGGREGATORS, STRATEGIES
+    from tests.test_aggregation_syncs import MEAN_CALLS, NAN_VEC, VEC
+
     calls = {}
-    for strategy in ("error", "warn", "ignore", "disable", 0.0):
-        for name, call in mean_calls.items():
+    for strategy in STRATEGIES:
+        for name, call in MEAN_CALLS.items():
             calls[f"MeanMetric({strategy!r}).{name}"] = (MeanMetric, strategy, call)
-        for cls in (MeanMetric, SumMetric, MaxMetric, MinMetric, CatMetric):
-            for label, value in (("vec", vec), ("vec with nan", nan_vec)):
+        for cls in AGGREGATORS:
+            for label, value in (("vec", VEC), ("vec with nan", NAN_VEC)):
                 calls[f"{cls.__name__}({strategy!r}).update({label})"] = (cls, strategy, lambda m, v=value: m.update(v))
     return calls
 
@@ -79,6 +73,7 @@ def _inside(tree: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--archive", type=Path, default=SHARED_UPSTREAM / SNAPSHOTS[0])
+    parser.add_argument("--upto", type=int, help="apply only the first N patches (to measure each patch)")
     parser.add_argument("--inside", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -90,7 +85,11 @@ def main() -> int:
         git("worktree", "add", "-q", "-b", "syncfree", str(patched), "upstream", cwd=stock)
         import series
 
-        series.apply(patched)
+        chosen = Path(tmp) / "series"
+        chosen.mkdir()
+        for patch in series.patch_files()[: args.upto]:
+            (chosen / patch.name).write_bytes(patch.read_bytes())
+        series.apply(patched, chosen)
         env = dict(os.environ, PYTHONPATH=str(stock / "src"), TORCHMETRICS_SYNCFREE_FORCE="1")
         return subprocess.call([sys.executable, __file__, "--inside", str(patched)], env=env)
 
