@@ -133,6 +133,15 @@ def test_refuses_a_dirty_checkout(checkout: Path):
         series.apply(checkout)
 
 
+@needs_snapshots
+def test_refuses_a_checkout_that_has_the_series(checkout: Path):
+    series.apply(checkout)
+    head = _head(checkout)
+    with pytest.raises(series.SeriesError, match="already has commits with the subjects of"):
+        series.apply(checkout, check=True)
+    assert _head(checkout) == head
+
+
 def test_refuses_a_directory_that_is_not_a_checkout(tmp_path: Path):
     with pytest.raises(series.SeriesError, match="not a git checkout"):
         series.apply(tmp_path)

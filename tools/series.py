@@ -15,6 +15,7 @@ line) that failed, runs ``git am --abort`` and so restores the checkout's HEAD, 
 from __future__ import annotations
 
 import argparse
+import email
 import os
 import re
 import shutil
@@ -98,13 +99,16 @@ def _failure(output: str, patches: Sequence[Path]) -> str:
     """Which patch failed and where, from git am's output."""
     number = re.search(r"Patch failed at (\d+)", output)
     name = patches[int(number.group(1)) - 1].name if number else "the series"
-    places = re.findall(r"error: patch failed: (\S+):(\d+)", output)
-    where = ", ".join(f"{path} (hunk at line {line})" for path, line in places)
-    if not where:
-        reasons = r"does not exist in index|already exists in \w+|patch does not apply"
-        missing = re.findall(rf"error: (\S+): ({reasons})", output)
-        where = ", ".join(f"{path} ({why})" for path, why in missing) or "see git's output below"
-    return f"{name} does not apply: {where}"
+    places = [f"{path} (hunk at line {line})" for path, line in re.findall(r"error: patch failed: (\S+):(\d+)", output)]
+    reasons = r"does not exist in index|already exists in \w+"
+    places += [f"{path} ({why})" for path, why in re.findall(rf"error: (\S+): ({reasons})", output)]
+    return f"{name} does not apply: {', '.join(places) or 'see git output below'}"
+
+
+def subject(patch: Path) -> str:
+    """The commit subject of a patch file, without ``[PATCH n/m]``."""
+    header = email.message_from_string(patch.read_text(errors="replace"))["Subject"] or ""
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(header.split()))
 
 
 def _git_am(top: Path, patches: Sequence[Path]) -> list[str]:
@@ -124,6 +128,10 @@ def apply(checkout: Path, series: Path = SERIES_DIR, check: bool = False) -> lis
     patches = patch_files(series)
     top = _toplevel(checkout)
     _ensure_ready(top)
+    recent = set(git("log", "-n", "500", "--format=%s", cwd=top).stdout.splitlines())
+    applied = [p.name for p in patches if subject(p) in recent]
+    if applied:
+        raise SeriesError(f"{top} already has commits with the subjects of {applied}; nothing was applied")
     if not check:
         return _git_am(top, patches)
     with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
