@@ -26,4 +26,4 @@ def syncfree() -> Iterator[list[str]]:
         yield targets
 
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests._series_tree"]

@@ -19,9 +19,10 @@ import argparse
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
+
+from _upstream import unpack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.archive} not found (the snapshots live in ../shared/upstream/)")
 
     with tempfile.TemporaryDirectory(prefix="tm-upstream-") as tmp:
-        with tarfile.open(args.archive) as tar:
-            members = [
-                m for m in tar.getmembers() if m.name.startswith(("torchmetrics/tests/", "torchmetrics/pyproject"))
-            ]
-            tar.extractall(tmp, members=members, filter="data")
-        tests = Path(tmp) / "torchmetrics" / "tests"
+        tests = unpack(args.archive, Path(tmp), prefixes=("torchmetrics/tests/", "torchmetrics/pyproject")) / "tests"
         env = dict(os.environ)
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE"]
         if not args.stock:

@@ -1,0 +1,160 @@
+"""The patch series in ``patches/`` and its tools: naming, git am with rollback, and no drift from the layer.
+
+The full proof (upstream's tests and the project's suites against the patched trees) is ``tox -e upstream``; these
+tests are the fast part that runs in every environment of the matrix: they need git and the snapshots in
+``../shared/upstream/`` (skipped without them).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import _series_tree
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+sys.path.insert(0, str(TOOLS))
+import _upstream  # noqa: E402
+import series  # noqa: E402
+
+SNAPSHOTS = [_upstream.SHARED_UPSTREAM / name for name in _upstream.SNAPSHOTS]
+needs_snapshots = pytest.mark.skipif(
+    shutil.which("git") is None or not all(p.is_file() for p in SNAPSHOTS),
+    reason="needs git and the upstream snapshots in ../shared/upstream/",
+)
+
+
+def _head(checkout: Path) -> str:
+    return _upstream.git("rev-parse", "HEAD", cwd=checkout).stdout.strip()
+
+
+def _status(checkout: Path) -> str:
+    return _upstream.git("status", "--porcelain", cwd=checkout).stdout
+
+
+@pytest.fixture(scope="module", params=SNAPSHOTS, ids=[_upstream.snapshot_label(p) for p in SNAPSHOTS])
+def snapshot(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An unpatched upstream checkout (shared by the module's tests: clone it before changing it)."""
+    if not request.param.is_file() or shutil.which("git") is None:
+        pytest.skip("needs git and the upstream snapshots in ../shared/upstream/")
+    tree = _upstream.unpack(request.param, tmp_path_factory.mktemp(_upstream.snapshot_label(request.param)))
+    _upstream.make_checkout(tree, "upstream", tag="upstream")
+    return tree
+
+
+@pytest.fixture
+def checkout(snapshot: Path, tmp_path: Path) -> Iterator[Path]:
+    clone = tmp_path / "torchmetrics"
+    _upstream.git("clone", "-q", str(snapshot), str(clone), cwd=tmp_path)
+    yield clone
+
+
+def test_patch_files_are_named_and_complete():
+    """Every patch: NNNN-short-name.patch, a subject, a source change, upstream tests and a CHANGELOG line."""
+    patches = series.patch_files()
+    assert [p.name[:4] for p in patches] == [f"{i:04d}" for i in range(1, len(patches) + 1)]
+    for patch in patches:
+        text = patch.read_text()
+        touched = [line.split(" b/", 1)[1] for line in text.splitlines() if line.startswith("diff --git ")]
+        assert "\nSubject: [PATCH" in text, patch.name
+        assert any(path.startswith("src/torchmetrics/") for path in touched), patch.name
+        assert any(path.startswith("tests/unittests/") for path in touched), patch.name
+        assert "CHANGELOG.md" in touched, patch.name
+
+
+def test_short_names_cut_at_a_word():
+    assert series.short_name("Aggregation: check `nan` on the device and never write the inputs") == (
+        "aggregation-check-nan-on-the-device-and"
+    )
+
+
+@needs_snapshots
+def test_series_applies_and_matches_the_layer(checkout: Path):
+    """git am onto the snapshot, then every function the series changes is a layer target and vice versa."""
+    commits = series.apply(checkout)
+    assert len(commits) == len(series.patch_files())
+    stock = checkout.parent / "stock"
+    _upstream.git("worktree", "add", "-q", "--detach", str(stock), "upstream", cwd=checkout)
+    from torchmetrics_syncfree import _registry
+
+    problems, targets = _series_tree.drift(stock / "src", checkout / "src", _registry._load_areas())
+    assert problems == []
+    assert sum(len(specs) for specs in targets.values()) == len(_registry._load_areas())
+
+
+def test_drift_compares_code_not_docstrings():
+    cls = "class A:\n    def g(self):\n        {doc}return 1\n"
+    stock = "def f(x):\n    return x\n\n" + cls.format(doc="'doc'\n        ")
+    same_but_docs = "def f(x):\n    return x\n\n" + cls.format(doc="'new doc'\n        ")
+    changed = "def f(x):\n    return x + 1\n\ndef _helper():\n    pass\n\n" + cls.format(doc="")
+    removed = cls.format(doc="")
+    assert _series_tree.changed_functions(stock, same_but_docs) == set()
+    assert _series_tree.changed_functions(stock, changed) == {"f"}  # new module-level helpers are not targets
+    assert _series_tree.changed_functions(stock, removed) == {"f"}
+    assert _series_tree.changed_functions(removed, removed + "    def h(self):\n        pass\n") == {"A.h"}
+
+
+@needs_snapshots
+def test_check_is_a_dry_run(checkout: Path):
+    head = _head(checkout)
+    commits = series.apply(checkout, check=True)
+    assert len(commits) == len(series.patch_files())
+    assert _head(checkout) == head
+    assert _status(checkout) == ""
+    assert _upstream.git("worktree", "list", cwd=checkout).stdout.count("\n") == 1
+
+
+@needs_snapshots
+@pytest.mark.parametrize("check", [False, True], ids=["apply", "check"])
+def test_a_hunk_that_does_not_apply_names_patch_and_file_and_rolls_back(checkout: Path, check: bool):
+    source = checkout / "src/torchmetrics/aggregation.py"
+    text = source.read_text()
+    source.write_text(text.replace('"""Convert input ``x`` to a tensor and check for Nans."""', '"""Changed."""'))
+    _upstream.git(*_upstream.GIT_IDENTITY, "commit", "-qam", "diverge", cwd=checkout)
+    head = _head(checkout)
+    with pytest.raises(series.SeriesError) as err:
+        series.apply(checkout, check=check)
+    message = str(err.value)
+    assert message.startswith("0002-") and "src/torchmetrics/aggregation.py (hunk at line" in message
+    assert "nothing was applied" in message
+    assert _head(checkout) == head
+    assert _status(checkout) == ""
+    assert not (checkout / "src/torchmetrics/utilities/deferred.py").exists()
+
+
+@needs_snapshots
+def test_refuses_a_dirty_checkout(checkout: Path):
+    (checkout / "CHANGELOG.md").write_text("local edit\n")
+    with pytest.raises(series.SeriesError, match="uncommitted changes"):
+        series.apply(checkout)
+
+
+@needs_snapshots
+def test_refuses_a_checkout_that_has_the_series(checkout: Path):
+    series.apply(checkout)
+    head = _head(checkout)
+    with pytest.raises(series.SeriesError, match="already has commits with the subjects of"):
+        series.apply(checkout, check=True)
+    assert _head(checkout) == head
+
+
+def test_refuses_a_directory_that_is_not_a_checkout(tmp_path: Path):
+    with pytest.raises(series.SeriesError, match="not a git checkout"):
+        series.apply(tmp_path)
+
+
+@needs_snapshots
+def test_make_regenerates_the_same_series(checkout: Path, tmp_path: Path, snapshot: Path):
+    """apply then make gives back byte-identical patch files (the series is reproducible from a branch)."""
+    if not snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0])):
+        pytest.skip("the series is made against master; on other trees the blob ids of CHANGELOG.md differ")
+    series.apply(checkout)
+    out = tmp_path / "made"
+    made = series.make(checkout, "upstream", "HEAD", out)
+    assert [p.name for p in made] == [p.name for p in series.patch_files()]
+    for new, old in zip(made, series.patch_files()):
+        assert new.read_text() == old.read_text(), new.name

@@ -1,0 +1,424 @@
+"""The upstream patch series in ``patches/``: apply it to a TorchMetrics checkout, regenerate it, test it.
+
+Commands::
+
+    python tools/series.py apply CHECKOUT [--check]     # git am the series; --check: dry run in a scratch worktree
+    python tools/series.py checkout DIR                 # snapshot -> DIR, tag `upstream`, branch `syncfree` = series
+    python tools/series.py make CHECKOUT [--base upstream] [--head HEAD]   # git format-patch -> patches/
+    python tools/series.py test [--archive A ...]       # what `tox -e upstream` runs (see CONTRIBUTING.md)
+
+``apply`` never leaves a checkout half-patched: when a patch does not apply, it names the patch and the file (and
+line) that failed, runs ``git am --abort`` and so restores the checkout's HEAD, index and work tree.
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import email
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _upstream import GIT_IDENTITY, REPO, SHARED_UPSTREAM, SNAPSHOTS, git, make_checkout, snapshot_label, unpack
+
+SERIES_DIR = REPO / "patches"
+_PATCH_NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9._-]*\.patch$")
+
+#: upstream tests that always run (relative to the tree's tests/), and the ones each touched source path adds
+ALWAYS_TESTS = ("unittests/bases/test_aggregation.py", "unittests/utilities/", "unittests/bases/test_ddp.py")
+CLASSIFICATION_TESTS = tuple(
+    f"unittests/classification/test_{name}.py"
+    for name in ("accuracy", "precision_recall", "f_beta", "specificity", "stat_scores")
+)
+#: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
+TESTS_FOR_SOURCE = {
+    "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
+    "src/torchmetrics/functional/classification/": (CLASSIFICATION_TESTS, True),
+    "src/torchmetrics/utilities/compute.py": (CLASSIFICATION_TESTS, True),
+    "src/torchmetrics/metric.py": (("unittests/bases/test_metric.py",), False),
+}
+#: needs matplotlib and the optional extras of every metric domain; the series touches no plotting code
+IGNORED_TESTS = ("unittests/utilities/test_plot.py",)
+#: compares wall-clock times of full and partial state updates: ~65 s per run and flaky on a loaded 2-core machine;
+#: it checks ``check_forward_full_state_property``, which the series does not touch
+DESELECTED_TESTS = ("unittests/utilities/test_utilities.py::test_check_full_state_update_fn",)
+#: source path -> the project's suites that run against the patched tree (stock = the unpatched snapshot)
+PROJECT_TESTS_FOR_SOURCE = {
+    "src/torchmetrics/aggregation.py": ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py"),
+}
+
+
+class SeriesError(RuntimeError):
+    """The series cannot be applied, made or tested; the message says why."""
+
+
+def patch_files(series: Path = SERIES_DIR) -> list[Path]:
+    """The series in ``git am`` order; every file in ``series`` must be named ``NNNN-short-name.patch``."""
+    files = sorted(p for p in series.iterdir() if p.suffix == ".patch") if series.is_dir() else []
+    bad = [p.name for p in files if not _PATCH_NAME.match(p.name)]
+    if bad:
+        raise SeriesError(f"{series}: patch files must be named NNNN-short-name.patch, not {bad}")
+    if not files:
+        raise SeriesError(f"no patches in {series}")
+    return files
+
+
+# ----------------------------------------------------------------------------------------------------------- apply
+
+
+def _toplevel(checkout: Path) -> Path:
+    result = git("rev-parse", "--show-toplevel", cwd=checkout, check=False) if checkout.is_dir() else None
+    if result is None or result.returncode:
+        raise SeriesError(f"{checkout} is not a git checkout (see docs/patches.md for making one from a snapshot)")
+    return Path(result.stdout.strip())
+
+
+def _ensure_ready(top: Path) -> None:
+    for state in ("rebase-apply", "rebase-merge"):
+        path = Path(git("rev-parse", "--git-path", state, cwd=top).stdout.strip())
+        if not path.is_absolute():
+            path = top / path
+        if path.exists():
+            raise SeriesError(f"a git am/rebase is in progress in {top}; finish or abort it first")
+    dirty = git("status", "--porcelain", "--untracked-files=no", cwd=top).stdout.strip()
+    if dirty:
+        raise SeriesError(f"{top} has uncommitted changes; commit or stash them first:\n{dirty}")
+
+
+def _failure(output: str, patches: Sequence[Path]) -> str:
+    """Which patch failed and where, from git am's output."""
+    number = re.search(r"Patch failed at (\d+)", output)
+    name = patches[int(number.group(1)) - 1].name if number else "the series"
+    places = [f"{path} (hunk at line {line})" for path, line in re.findall(r"error: patch failed: (\S+):(\d+)", output)]
+    reasons = r"does not exist in index|already exists in \w+"
+    places += [f"{path} ({why})" for path, why in re.findall(rf"error: (\S+): ({reasons})", output)]
+    return f"{name} does not apply: {', '.join(places) or 'see git output below'}"
+
+
+def subject(patch: Path) -> str:
+    """The commit subject of a patch file, without ``[PATCH n/m]``."""
+    header = email.message_from_string(patch.read_text(errors="replace"))["Subject"] or ""
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(header.split()))
+
+
+def _git_am(top: Path, patches: Sequence[Path]) -> list[str]:
+    before = git("rev-parse", "HEAD", cwd=top).stdout.strip()
+    has_identity = git("config", "user.email", cwd=top, check=False).stdout.strip()
+    result = git(*(() if has_identity else GIT_IDENTITY), "am", *map(str, patches), cwd=top, check=False)
+    if result.returncode:
+        git("am", "--abort", cwd=top, check=False)
+        after = git("rev-parse", "HEAD", cwd=top).stdout.strip()
+        state = "nothing was applied (git am --abort)" if after == before else f"HEAD is {after}, was {before}!"
+        raise SeriesError(f"{_failure(result.stdout, patches)}\n{state}\n--- git am said:\n{result.stdout.strip()}")
+    return git("log", "--reverse", "--format=%h %s", f"{before}..HEAD", cwd=top).stdout.splitlines()
+
+
+def apply(checkout: Path, series: Path = SERIES_DIR, check: bool = False) -> list[str]:
+    """``git am`` the series onto ``checkout``; with ``check`` only in a scratch worktree. Returns the new commits."""
+    patches = patch_files(series)
+    top = _toplevel(checkout)
+    _ensure_ready(top)
+    recent = set(git("log", "-n", "500", "--format=%s", cwd=top).stdout.splitlines())
+    applied = [p.name for p in patches if subject(p) in recent]
+    if applied:
+        raise SeriesError(f"{top} already has commits with the subjects of {applied}; nothing was applied")
+    if not check:
+        return _git_am(top, patches)
+    with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
+        scratch = Path(tmp) / "worktree"
+        git("worktree", "add", "-q", "--detach", str(scratch), "HEAD", cwd=top)
+        try:
+            return _git_am(scratch, patches)
+        finally:
+            git("worktree", "remove", "--force", str(scratch), cwd=top, check=False)
+            git("worktree", "prune", cwd=top, check=False)
+
+
+# ------------------------------------------------------------------------------------------------ checkout / make
+
+
+def checkout(dest: Path, archive: Path, series: Path = SERIES_DIR) -> list[str]:
+    """Unpack ``archive`` to ``dest``, commit it (tag ``upstream``), apply the series on a new branch ``syncfree``."""
+    if dest.exists() and any(dest.iterdir()):
+        raise SeriesError(f"{dest} is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="series-unpack-", dir=dest.parent) as tmp:
+        tree = unpack(archive, Path(tmp))
+        for item in tree.iterdir():
+            shutil.move(str(item), dest / item.name)
+    make_checkout(dest, f"upstream {snapshot_label(archive)}", tag="upstream")
+    git("checkout", "-q", "-b", "syncfree", cwd=dest)
+    return apply(dest, series)
+
+
+def short_name(subject: str, limit: int = 40) -> str:
+    """``Aggregation: check `nan` on the device`` -> ``aggregation-check-nan-on-the-device``, cut at a word."""
+    words = re.sub(r"[^a-z0-9]+", " ", subject.lower()).split()
+    name = words[0] if words else "patch"
+    for word in words[1:]:
+        if len(name) + 1 + len(word) > limit:
+            break
+        name += f"-{word}"
+    return name
+
+
+def make(checkout: Path, base: str, head: str, series: Path = SERIES_DIR) -> list[Path]:
+    """Regenerate ``series`` from the commits ``base..head`` of an upstream checkout (``git format-patch``)."""
+    top = _toplevel(checkout)
+    count = int(git("rev-list", "--count", f"{base}..{head}", cwd=top).stdout)
+    if not count:
+        raise SeriesError(f"no commits in {base}..{head} of {top}")
+    with tempfile.TemporaryDirectory(prefix="series-make-") as tmp:
+        # --zero-commit and --no-signature: the files only change when the commits do
+        git("format-patch", "-q", "--zero-commit", "--no-signature", "-o", tmp, f"{base}..{head}", cwd=top)
+        made = sorted(Path(tmp).glob("*.patch"))
+        subjects = git("log", "--reverse", "--format=%s", f"{base}..{head}", cwd=top).stdout.splitlines()
+        series.mkdir(parents=True, exist_ok=True)
+        for old in series.glob("*.patch"):
+            old.unlink()
+        for number, (patch, subject) in enumerate(zip(made, subjects), start=1):
+            shutil.copy2(patch, series / f"{number:04d}-{short_name(subject)}.patch")
+    return patch_files(series)
+
+
+# ------------------------------------------------------------------------------------------------------------ test
+
+
+@dataclass
+class Outcomes:
+    """Per-test outcome ("passed", "skipped", "failed") from a junit XML report."""
+
+    tests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, report: Path) -> Outcomes:
+        """Outcomes of a ``--junitxml`` report (empty when pytest wrote none)."""
+        outcomes = cls()
+        if not report.exists():
+            return outcomes
+        for case in ElementTree.parse(report).iter("testcase"):
+            name = f"{case.get('classname')}::{case.get('name')}"
+            kinds = {child.tag for child in case}
+            outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+            outcomes.tests[name] = outcome
+        return outcomes
+
+    def counts(self) -> Counter:
+        """Number of tests per outcome."""
+        return Counter(self.tests.values())
+
+    def summary(self) -> str:
+        """``N passed, N skipped, N failed``."""
+        counts = self.counts()
+        return f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed"
+
+
+def _touched(tree: Path, base: str) -> list[str]:
+    return git("diff", "--name-only", f"{base}..HEAD", cwd=tree).stdout.split()
+
+
+def upstream_tests_for(touched: Sequence[str], heavy: bool) -> list[str]:
+    """Upstream test paths (relative to tests/) for the touched files of the series."""
+    paths = list(ALWAYS_TESTS)
+    for prefix, (tests, is_heavy) in TESTS_FOR_SOURCE.items():
+        if any(path.startswith(prefix) for path in touched) and (heavy or not is_heavy):
+            paths += [t for t in tests if t not in paths]
+    for path in touched:  # test files added or changed by the series
+        if path.startswith("tests/unittests/") and path.endswith(".py"):
+            relative = path.removeprefix("tests/")
+            if not any(relative.startswith(p) for p in paths):
+                paths.append(relative)
+    return paths
+
+
+def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> float:
+    """Run upstream's tests of ``tree`` against ``tree/src``; returns seconds taken."""
+    existing = [p for p in paths if (tree / "tests" / p).exists()]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")])))
+    env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE"]
+    command += ["-n", str(workers)] if workers > 1 else []
+    command += [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect={t}" for t in DESELECTED_TESTS]
+    command += [f"--junitxml={report}", *existing]
+    print("+", " ".join(command), f"(in {tree / 'tests'})", flush=True)
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=tree / "tests", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tail = result.stdout.decode(errors="replace").strip().splitlines()[-15:]
+    print("\n".join("    " + line for line in tail), flush=True)
+    return time.monotonic() - start
+
+
+def compare_outcomes(stock: Outcomes, patched: Outcomes) -> list[str]:
+    """Problems: a test that passed on stock and does not on the patched tree, a new skip, any failure."""
+    problems = []
+    for name, outcome in sorted(patched.tests.items()):
+        before = stock.tests.get(name)
+        if outcome == "failed":
+            problems.append(f"FAILED on the patched tree: {name}" + (f" ({before} on stock)" if before else ""))
+        elif outcome == "skipped" and before == "passed":
+            problems.append(f"skipped on the patched tree, passed on stock: {name}")
+    problems += [f"missing on the patched tree: {name}" for name in sorted(set(stock.tests) - set(patched.tests))]
+    return problems
+
+
+def _ruff_findings(tree: Path, files: Sequence[str], ruff: str) -> Counter:
+    """(file, rule) counts of ``ruff check`` plus unformatted files, with the tree's own configuration."""
+    files = [f for f in files if (tree / f).exists()]
+    if not files:
+        return Counter()
+    check = subprocess.run(
+        [ruff, "check", "--output-format=concise", "--no-cache", *files], cwd=tree, capture_output=True, text=True
+    )
+    found = Counter()
+    for line in check.stdout.splitlines():
+        match = re.match(r"^(\S+?):\d+:\d+: (\S+)", line)
+        if match:
+            found[(match.group(1), match.group(2))] += 1
+    fmt = subprocess.run([ruff, "format", "--check", "--no-cache", *files], cwd=tree, capture_output=True, text=True)
+    for line in fmt.stdout.splitlines():
+        if line.startswith("Would reformat: "):
+            found[(line.removeprefix("Would reformat: ").strip(), "format")] += 1
+    return found
+
+
+def _project_suites(stock: Path, patched: Path, touched: Sequence[str], workers: int) -> tuple[bool, float, str]:
+    """The project's parity and probe suites with stock = ``stock/src`` and the layer's targets from ``patched``."""
+    suites = sorted({t for path in touched for t in PROJECT_TESTS_FOR_SOURCE.get(path, ())})
+    if not suites:
+        return True, 0.0, "no project suite maps to the touched files"
+    env = dict(os.environ, PYTHONPATH=str(stock / "src"), TORCHMETRICS_SYNCFREE_SERIES_TREE=str(patched))
+    env["TORCHMETRICS_SYNCFREE_FORCE"] = "1"  # the snapshots' version is checked by the tree mode itself
+    env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-m", "not cuda"]
+    command += ["-n", str(workers)] if workers > 1 else []
+    command += suites
+    print("+", " ".join(command), "(in the project, tree mode)", flush=True)
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = result.stdout.strip().splitlines()
+    print("\n".join("    " + line for line in lines[-15:]), flush=True)
+    return result.returncode == 0, time.monotonic() - start, lines[-1] if lines else ""
+
+
+def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: str, project: str) -> int:
+    """Apply the series to each snapshot and check it; returns the number of problems found."""
+    patches = patch_files(series)
+    problems: list[str] = []
+    rows = []
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="series-test-") as tmp:
+        for index, archive in enumerate(archives):
+            label = snapshot_label(archive)
+            print(f"\n=== {label}: {len(patches)} patches", flush=True)
+            stock = unpack(archive, Path(tmp) / label)
+            make_checkout(stock, f"upstream {label}", tag="upstream")
+            patched = Path(tmp) / f"{label}-patched"
+            git("worktree", "add", "-q", "-b", "syncfree", str(patched), "upstream", cwd=stock)
+            try:
+                for line in apply(patched, series):
+                    print("  applied", line)
+            except SeriesError as err:
+                problems.append(f"{label}: {err}")
+                continue
+            touched = _touched(patched, "upstream")
+            paths = upstream_tests_for(touched, heavy=index == 0)
+            after_report, before_report = Path(tmp) / f"{label}-after.xml", Path(tmp) / f"{label}-before.xml"
+            seconds = _pytest(patched, paths, after_report, workers)
+            after = Outcomes.read(after_report)
+            if baseline == "all" or (baseline == "first" and index == 0):
+                seconds += _pytest(stock, paths, before_report, workers)
+                before = Outcomes.read(before_report)
+                problems += [f"{label}: {p}" for p in compare_outcomes(before, after)]
+            else:
+                before = None
+                problems += [f"{label}: {p}" for p in compare_outcomes(Outcomes(), after)]
+            rows.append((label, "upstream tests", before.summary() if before else "-", after.summary(), seconds))
+
+            sources = [p for p in touched if p.endswith(".py")]
+            new_findings = _ruff_findings(patched, sources, ruff) - _ruff_findings(stock, sources, ruff)
+            problems += [f"{label}: ruff {rule} in {path} ({n}x)" for (path, rule), n in sorted(new_findings.items())]
+            rows.append((label, f"ruff ({len(sources)} files)", "", "clean" if not new_findings else "NEW FINDINGS", 0))
+
+            if project == "all" or (project == "first" and index == 0):
+                ok, seconds, last = _project_suites(stock, patched, touched, workers)
+                if not ok:
+                    problems.append(f"{label}: the project's suites fail against the patched tree: {last}")
+                rows.append((label, "project suites (tree mode)", "", last, seconds))
+            git("worktree", "remove", "--force", str(patched), cwd=stock, check=False)
+    print("\n=== summary")
+    for label, what, before, after, seconds in rows:
+        before_text = f"stock: {before} | " if before else ""
+        print(f"{label:16} {what:28} {before_text}patched: {after}" + (f"  [{seconds:.0f} s]" if seconds else ""))
+    for problem in problems:
+        print("PROBLEM:", problem)
+    print(f"total {time.monotonic() - start:.0f} s; {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    return len(problems)
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--series", type=Path, default=SERIES_DIR, help="directory of NNNN-*.patch (default patches/)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p_apply = commands.add_parser("apply", help="git am the series onto a TorchMetrics checkout")
+    p_apply.add_argument("checkout", type=Path)
+    p_apply.add_argument("--check", action="store_true", help="dry run in a scratch worktree; checkout untouched")
+
+    p_checkout = commands.add_parser("checkout", help="make an upstream checkout with the series on branch syncfree")
+    p_checkout.add_argument("dest", type=Path)
+    p_checkout.add_argument("--archive", type=Path, default=SHARED_UPSTREAM / SNAPSHOTS[0])
+
+    p_make = commands.add_parser("make", help="regenerate the series from commits of an upstream checkout")
+    p_make.add_argument("checkout", type=Path)
+    p_make.add_argument("--base", default="upstream", help="the upstream commit the series applies to")
+    p_make.add_argument("--head", default="HEAD")
+
+    p_test = commands.add_parser("test", help="apply to each snapshot; upstream tests, ruff, project suites")
+    p_test.add_argument("--archive", type=Path, action="append", help="snapshot(s); default: both in shared/upstream")
+    p_test.add_argument("-n", "--workers", type=int, default=2)
+    p_test.add_argument("--ruff", default="ruff", help="ruff executable (upstream pins its version in pre-commit)")
+    p_test.add_argument("--baseline", choices=("first", "all", "none"), default="first", help="unpatched runs too")
+    p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "apply":
+            commits = apply(args.checkout, args.series, check=args.check)
+            verb = "would apply cleanly" if args.check else "applied"
+            print(f"{len(commits)} patch(es) {verb} to {args.checkout}:")
+            print("\n".join(f"  {line}" for line in commits))
+        elif args.command == "checkout":
+            commits = checkout(args.dest, args.archive, args.series)
+            label = snapshot_label(args.archive)
+            print(f"{args.dest}: tag upstream = {label}, branch syncfree = {len(commits)} patches")
+        elif args.command == "make":
+            made = make(args.checkout, args.base, args.head, args.series)
+            print("\n".join(str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in made))
+        else:
+            archives = args.archive or [SHARED_UPSTREAM / name for name in SNAPSHOTS]
+            missing = [str(a) for a in archives if not a.is_file()]
+            if missing:
+                raise SeriesError(f"snapshot(s) not found: {missing} (they live in ../shared/upstream/)")
+            project = args.project
+            return min(1, check_series(archives, args.series, args.workers, args.ruff, args.baseline, project))
+    except SeriesError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
