@@ -128,6 +128,21 @@ def _simulate_device(deferred: ModuleType) -> None:
     deferred.check, deferred._drain, deferred.flush = simulated_check, quiet_drain, simulated_flush
 
 
+#: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
+#: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
+AREAS_WITHOUT_PATCHES = {
+    "classification": "sync-free classification (issue 3) landed in the layer; its patches are still to be ported",
+    "distributed": "the DDP gloo fallback (issue 4) landed in the layer; its patch is still to be ported",
+}
+
+
+def series_specs() -> list[Any]:
+    """The layer's patch specs that the series must mirror: every area except :data:`AREAS_WITHOUT_PATCHES`."""
+    from torchmetrics_syncfree import _registry
+
+    return [spec for spec in _registry._load_areas() if spec.area not in AREAS_WITHOUT_PATCHES]
+
+
 def drift(stock_src: Path, patched_src: Path, specs: list[Any]) -> tuple[list[str], dict[str, list[Any]]]:
     """Compare the series with the layer: (problems, {changed module name: the layer's specs for it})."""
     _, changed = _changed_files(stock_src, patched_src)
@@ -159,7 +174,7 @@ def install(tree: Path) -> str:
     patched_src = (tree / "src").resolve()
     if stock_src == patched_src or not (patched_src / "torchmetrics").is_dir():
         raise pytest.UsageError(f"{TREE_ENV}={tree}: needs a patched checkout, with the unpatched one on PYTHONPATH")
-    problems, targets = drift(stock_src, patched_src, _registry._load_areas())
+    problems, targets = drift(stock_src, patched_src, series_specs())
     if problems:
         raise pytest.UsageError("the patch series and the monkeypatch layer drifted apart:\n  " + "\n  ".join(problems))
     added, _ = _changed_files(stock_src, patched_src)

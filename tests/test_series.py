@@ -79,11 +79,18 @@ def test_series_applies_and_matches_the_layer(checkout: Path):
     assert len(commits) == len(series.patch_files())
     stock = checkout.parent / "stock"
     _upstream.git("worktree", "add", "-q", "--detach", str(stock), "upstream", cwd=checkout)
+    specs = _series_tree.series_specs()
+    problems, targets = _series_tree.drift(stock / "src", checkout / "src", specs)
+    assert problems == []
+    assert sum(len(specs) for specs in targets.values()) == len(specs)
+
+
+def test_areas_left_out_of_the_series_are_real_areas():
     from torchmetrics_syncfree import _registry
 
-    problems, targets = _series_tree.drift(stock / "src", checkout / "src", _registry._load_areas())
-    assert problems == []
-    assert sum(len(specs) for specs in targets.values()) == len(_registry._load_areas())
+    areas = {spec.area for spec in _registry._load_areas()}
+    assert set(_series_tree.AREAS_WITHOUT_PATCHES) <= areas
+    assert {spec.area for spec in _series_tree.series_specs()} == areas - set(_series_tree.AREAS_WITHOUT_PATCHES)
 
 
 def test_drift_compares_code_not_docstrings():
