@@ -297,7 +297,7 @@ class _Variant:
             self.metrics = MetricSet(config.num_classes, config.average, config.device) if variant != "none" else None
             for index in range(config.warmup):
                 self.step(index)
-            if self.metrics is not None:
+            if self.metrics is not None and config.warmup:
                 self.metrics.compute()  # also resets: the timed run starts from empty metrics
         self.done = 0
         self.seconds = 0.0
