@@ -419,6 +419,12 @@ def format_report(report: DemoReport) -> str:
         lines.append(
             f"{r.variant:<8} {r.steps_per_s:>8.1f} {r.ms_per_step:>8.2f} {overhead:>8} {r.syncs_per_step:>11g}  {_kinds(r)}"
         )
+    if torch.device(report.config["device"]).type == "cpu":
+        lines += [
+            "",
+            "On CPU nothing actually waits: the time columns show host overhead only, and syncs/step counts what would"
+            " stall a GPU (every one is a cudaStreamSynchronize on CUDA). Run with --device cuda for real counts.",
+        ]
     agreement = report.agreement()
     if agreement is not None:
         agree, diff = agreement
