@@ -44,12 +44,17 @@ def test_stock_syncs_at_least_twice_per_step_and_patched_loses_the_aggregation_s
 def test_stock_and_patched_agree(report):
     agree, diff = report.agreement()
     assert agree, (report.result("stock").final_values, report.result("patched").final_values)
+    assert report.replay_agreement()[0], report.replay
+    assert report.agrees()
+    report_with_a_difference = demo.DemoReport(report.config, report.versions, report.sync_counting, report.results,
+                                               {"stock": {"loss": 1.0}, "patched": {"loss": 1.5}})
+    assert not report_with_a_difference.agrees()
     assert set(report.result("stock").final_values) == set(demo.METRIC_NAMES)
 
 
 def test_table_and_json(report):
     text = demo.format_report(report)
-    for word in ("steps/s", "ms/step", "syncs/step", "agree: yes", "stock", "patched", "none"):
+    for word in ("steps/s", "ms/step", "syncs/step", "agree: yes", "replayed", "stock", "patched", "none"):
         assert word in text
     payload = json.loads(report.to_json())
     assert payload["agreement"]["agree"] is True

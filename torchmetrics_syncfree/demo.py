@@ -174,10 +174,13 @@ class MetricSet:
         """compute() and .item() every metric (the synchronizing read a logger makes), then reset()."""
         values = {"loss": self.loss.compute().item()}
         values.update({name: metric.compute().mean().item() for name, metric in self.classification.items()})
+        self.reset()
+        return values
+
+    def reset(self) -> None:
         self.loss.reset()
         for metric in self.classification.values():
             metric.reset()
-        return values
 
 
 class Progress:
@@ -237,12 +240,19 @@ class VariantResult:
         return 1000 * self.seconds / self.steps
 
 
+def _compare(a: dict[str, float], b: dict[str, float]) -> tuple[bool, float]:
+    diff = max(abs(a[k] - b[k]) for k in a)
+    return all(math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-7) for k in a), diff
+
+
 @dataclass
 class DemoReport:
     config: dict[str, Any]
     versions: dict[str, str]
     sync_counting: str
     results: list[VariantResult]
+    #: the stock model's outputs on a few batches fed to fresh stock and patched metrics: {"stock": ..., "patched": ...}
+    replay: Optional[dict[str, dict[str, float]]] = None
 
     def result(self, variant: str) -> Optional[VariantResult]:
         return next((r for r in self.results if r.variant == variant), None)
@@ -252,15 +262,27 @@ class DemoReport:
         stock, patched = self.result("stock"), self.result("patched")
         if stock is None or patched is None:
             return None
-        diff = max(abs(stock.final_values[k] - patched.final_values[k]) for k in stock.final_values)
-        close = all(math.isclose(stock.final_values[k], patched.final_values[k], rel_tol=1e-6, abs_tol=1e-7)
-                    for k in stock.final_values)
-        return close, diff
+        return _compare(stock.final_values, patched.final_values)
+
+    def replay_agreement(self) -> Optional[tuple[bool, float]]:
+        """The same comparison on identical inputs, immune to nondeterministic training kernels (GPU)."""
+        return None if self.replay is None else _compare(self.replay["stock"], self.replay["patched"])
+
+    def agrees(self) -> bool:
+        """What ``--require-agreement`` checks: identical inputs give identical values; on CPU, where training is
+        deterministic, the two training runs end with the same values too."""
+        replay, training = self.replay_agreement(), self.agreement()
+        if replay is not None and not replay[0]:
+            return False
+        cpu = torch.device(self.config["device"]).type == "cpu"
+        return not (cpu and training is not None and not training[0])
 
     def to_json(self) -> str:
         payload = asdict(self)
         agreement = self.agreement()
         payload["agreement"] = None if agreement is None else {"agree": agreement[0], "max_abs_diff": agreement[1]}
+        replay = self.replay_agreement()
+        payload["replay_agreement"] = None if replay is None else {"agree": replay[0], "max_abs_diff": replay[1]}
         return json.dumps(payload, indent=2)
 
 
@@ -336,6 +358,19 @@ class _Variant:
                 torch.cuda.synchronize()
             self.seconds += time.perf_counter() - start
 
+    def replay_window(self, steps: int) -> tuple[list[tuple[torch.Tensor, ...]], dict[str, float]]:
+        """The model's (loss, logits, labels) on ``steps`` batches, and this variant's metric values over them."""
+        window = []
+        with _variant_context(self.variant), torch.no_grad():
+            self.metrics.reset()
+            for index in range(steps):
+                images, labels = self.batches[index % len(self.batches)]
+                logits = self.model(images)
+                loss = nn.functional.cross_entropy(logits, labels)
+                window.append((loss, logits, labels))
+                self.metrics.update(loss, logits, labels)
+            return window, self.metrics.compute()
+
     def probe(self) -> VariantResult:
         """Count the syncs of a few more training steps (metric updates included, no compute)."""
         steps = max(self.config.probe_steps, 1)
@@ -395,7 +430,16 @@ def _run_demo(config: DemoConfig, stream: TextIO) -> DemoReport:
         rounds += 1
     results = [variant.probe() for variant in variants]
     versions = {"torch": torch.__version__, "torchmetrics": torchmetrics.__version__, "torchmetrics_syncfree": __version__}
-    return DemoReport(asdict(config), versions, counting, results)
+    replay = None
+    if {"stock", "patched"} <= set(config.variants):
+        stock = next(v for v in variants if v.variant == "stock")
+        window, stock_values = stock.replay_window(len(batches))
+        with _registry.patched():
+            metrics = MetricSet(config.num_classes, config.average, config.device)
+            for inputs in window:
+                metrics.update(*inputs)
+            replay = {"stock": stock_values, "patched": metrics.compute()}
+    return DemoReport(asdict(config), versions, counting, results, replay)
 
 
 def _kinds(result: VariantResult) -> str:
@@ -429,7 +473,15 @@ def format_report(report: DemoReport) -> str:
     if agreement is not None:
         agree, diff = agreement
         verdict = "yes" if agree else "NO"
+        if not agree and torch.device(report.config["device"]).type == "cuda":
+            verdict = "no, the training runs diverged (GPU kernels are not bit-deterministic; see the replay line)"
         lines += ["", f"stock and patched final metric values agree: {verdict} (max |difference| {diff:.3g})"]
+        replay = report.replay_agreement()
+        if replay is not None:
+            lines.append(
+                f"same model outputs replayed through fresh stock and patched metrics agree: {'yes' if replay[0] else 'NO'}"
+                f" (max |difference| {replay[1]:.3g})"
+            )
         stock, patched = report.result("stock"), report.result("patched")
         lines += [f"  {name:<10} stock {stock.final_values[name]:.6f}  patched {patched.final_values[name]:.6f}"
                   for name in stock.final_values]
