@@ -466,8 +466,8 @@ def format_report(report: DemoReport) -> str:
     if torch.device(report.config["device"]).type == "cpu":
         lines += [
             "",
-            "On CPU nothing actually waits: the time columns show host overhead only, and syncs/step counts what would"
-            " stall a GPU (every one is a cudaStreamSynchronize on CUDA). Run with --device cuda for real counts.",
+            "On CPU nothing actually waits: the time columns show host overhead only; syncs/step counts what would",
+            "stall the host on a GPU (each one a device synchronization). --device cuda counts real ones.",
         ]
     agreement = report.agreement()
     if agreement is not None:
