@@ -182,3 +182,9 @@ def test_strict_flags_patched_syncs(capsys):
 def test_audit_refuses_to_call_patched_code_stock(syncfree):
     with pytest.raises(RuntimeError, match="unpatch_all"):
         audit.audit(["MeanMetric()"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cuda_audit_without_cuda_fails_loudly(capsys):
+    assert main(["audit", "--metric", "MeanMetric()", "--device", "cuda"]) == 2
+    assert "sees no CUDA device" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, MinMetric, SumMetric
 
+import torchmetrics_syncfree
 from torchmetrics_syncfree import SyncProbe, audit, demo
 
 pytestmark = [
@@ -83,14 +84,11 @@ def test_cuda_patched_equals_cpu_stock(cls, strategy):
     stock = _make(cls, strategy)
     for batch in batches:
         stock.update(batch.clone())
-    with torch.no_grad():
-        import torchmetrics_syncfree
-
-        with torchmetrics_syncfree.patched():
-            metric = _make(cls, strategy).cuda()
-            for batch in batches:
-                metric.update(batch.cuda())
-            value = metric.compute().cpu()
+    with torchmetrics_syncfree.patched():
+        metric = _make(cls, strategy).cuda()
+        for batch in batches:
+            metric.update(batch.cuda())
+        value = metric.compute().cpu()
     torch.testing.assert_close(value, stock.compute(), equal_nan=True)
 
 
@@ -132,4 +130,4 @@ def test_demo_on_cuda_removes_the_aggregation_syncs():
     report = demo.run_demo(config, stream=io.StringIO())
     stock, patched = report.result("stock"), report.result("patched")
     assert stock.syncs_per_step >= patched.syncs_per_step + 2
-    assert report.agreement()[0]
+    assert report.agrees()  # replayed outputs agree (GPU training itself need not be bit-deterministic)

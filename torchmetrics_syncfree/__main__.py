@@ -128,7 +128,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     try:
         results = audit.audit(args.metric, inputs=args.inputs, device=args.device,
                               include_catalogue=args.catalogue, progress=progress)
-    except audit.SpecError as err:
+    except (audit.SpecError, RuntimeError) as err:
         print(f"torchmetrics-syncfree audit: {err}", file=sys.stderr)
         return 2
     finally:

@@ -340,6 +340,8 @@ def audit(
 ) -> list[Result]:
     """Audit the given metric specifications (and/or the catalogue); stock TorchMetrics must be active."""
     _require_stock()
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
     _registry._load_areas()
     configs = [Config(spec, inputs) for spec in specs or ()]
     for config in configs:
