@@ -227,7 +227,7 @@ class VariantResult:
     seconds: float
     step_ms: list[float]
     syncs_per_step: float
-    sync_kinds: dict[str, int]
+    sync_kinds: dict[str, float]  # per step
     sync_sources: list[dict[str, Any]] = field(default_factory=list)  # grouped events of the probed steps
     final_values: dict[str, float] = field(default_factory=dict)
 
@@ -383,7 +383,7 @@ class _Variant:
             seconds=self.seconds,
             step_ms=self.step_ms,
             syncs_per_step=probe.count / steps,
-            sync_kinds=probe.counts(),
+            sync_kinds={kind: n / steps for kind, n in probe.counts().items()},
             sync_sources=_sources(probe.events, steps),
             final_values=self.values,
         )
@@ -443,10 +443,7 @@ def _run_demo(config: DemoConfig, stream: TextIO) -> DemoReport:
 
 
 def _kinds(result: VariantResult) -> str:
-    if not result.sync_kinds:
-        return ""
-    steps = result.syncs_per_step and sum(result.sync_kinds.values()) / result.syncs_per_step
-    return ", ".join(f"{n / steps:g} {kind}" for kind, n in sorted(result.sync_kinds.items()))
+    return ", ".join(f"{n:g} {kind}" for kind, n in sorted(result.sync_kinds.items()))
 
 
 def format_report(report: DemoReport) -> str:
