@@ -23,6 +23,10 @@ Options:
     Call :func:`torchmetrics_syncfree.patch_all` before collection, e.g. to run TorchMetrics' own test suite
     against the patched library.
 
+``--syncfree-require-cuda``
+    Refuse to run (usage error, exit code 4) when CUDA is not available, instead of letting CUDA tests skip: for GPU
+    runners (``tox -e gpu``), where a silently skipped GPU suite would look green.
+
 """
 
 from __future__ import annotations
@@ -45,11 +49,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="apply torchmetrics_syncfree.patch_all() for the whole test session",
     )
+    group.addoption(
+        "--syncfree-require-cuda",
+        action="store_true",
+        default=False,
+        help="fail (instead of skipping CUDA tests) when torch.cuda.is_available() is False",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Declare the ``cuda`` marker and patch TorchMetrics if asked to."""
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    if config.getoption("--syncfree-require-cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(
+                f"--syncfree-require-cuda: no CUDA device is available (torch {torch.__version__},"
+                f" built with CUDA {torch.version.cuda}); refusing to report the GPU suite as skipped"
+            )
     if config.getoption("--syncfree-patch"):
         import torchmetrics_syncfree
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Print the patched/stock host-time ratio of every benchmark group of a saved pytest-benchmark run.
+
+    python benchmarks/ratios.py .benchmarks/bench.json            # the table (markdown)
+    python benchmarks/ratios.py .benchmarks/bench.json --check    # exit 1 if an issue-2 target is missed
+
+Ratios use the median of each benchmark (robust to the odd slow round on a shared machine). The aggregation targets
+of issue 2 are marked: ``MeanMetric.update(loss)`` patched/stock <= 0.75, every aggregator call <= 1.05.
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+MEAN_LOSS_UPDATE = ("MeanMetric() update(loss)", "update")
+
+
+def target(row: dict[str, Any]) -> Optional[float]:
+    """The issue-2 ceiling for a row's ratio, if it has one."""
+    if (row["config"], row["call"]) == MEAN_LOSS_UPDATE:
+        return 0.75
+    if row["area"] == "aggregation":
+        return 1.05
+    return None
+
+
+def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    data = json.loads(path.read_text())
+    pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    for bench in data["benchmarks"]:
+        info = bench.get("extra_info", {})
+        if not {"config", "call", "mode"} <= set(info):
+            continue  # not one of the stock/patched pairs (e.g. another benchmark module)
+        row = pairs.setdefault((info["config"], info["call"]), {"config": info["config"], "call": info["call"],
+                                                                 "area": info.get("area", "")})
+        row[info["mode"]] = bench["stats"]["median"]
+    rows = [row for row in pairs.values() if "stock" in row and "patched" in row]
+    for row in rows:
+        row["ratio"] = row["patched"] / row["stock"]
+        row["target"] = target(row)
+    return data, rows
+
+
+def header(data: dict[str, Any]) -> str:
+    machine = data.get("machine_info", {})
+    commit = data.get("commit_info", {})
+    cpu = machine.get("cpu", {}).get("brand_raw") or machine.get("processor") or "?"
+    return (
+        f"run {data.get('datetime', '?')} | {machine.get('python_implementation', 'Python')}"
+        f" {machine.get('python_version', '?')} | {cpu}, {machine.get('cpu', {}).get('count', '?')} cores"
+        f" | {machine.get('system', '?')} {machine.get('release', '')} | commit {str(commit.get('id', '?'))[:10]}"
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| configuration | call | stock median (µs) | patched median (µs) | patched/stock | target |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        goal = row["target"]
+        verdict = "" if goal is None else f"<= {goal:.2f} {'met' if row['ratio'] <= goal else 'MISSED'}"
+        lines.append(
+            f"| {row['config']} | {row['call']} | {1e6 * row['stock']:.1f} | {1e6 * row['patched']:.1f}"
+            f" | {row['ratio']:.2f} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json", type=Path, help="a run saved with --benchmark-json (or --benchmark-autosave)")
+    parser.add_argument("--area", help="only rows of this patch area (aggregation, classification, regression)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a row misses its target")
+    args = parser.parse_args(argv)
+    data, rows = load(args.json)
+    if args.area:
+        rows = [row for row in rows if row["area"] == args.area]
+    if not rows:
+        print(f"{args.json}: no stock/patched pairs found", file=sys.stderr)
+        return 1
+    extra = data.get("benchmarks", [{}])[0].get("extra_info", {})
+    versions = ", ".join(f"{k} {v}" for k, v in extra.items() if k in ("torch", "torchmetrics"))
+    print(header(data) + (f" | {versions}" if versions else ""))
+    print()
+    print(table(rows))
+    missed = [row for row in rows if row["target"] is not None and row["ratio"] > row["target"]]
+    with_target = [row for row in rows if row["target"] is not None]
+    print(f"\n{len(with_target) - len(missed)}/{len(with_target)} issue-2 targets met")
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The sync audit: safe metric specifications, stock counts that match the probe, zero patched counts."""
+
+from __future__ import annotations
+
+import json
+import operator
+
+import pytest
+import torch
+from lightning_utilities.core.imports import compare_version
+from torchmetrics.aggregation import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from torchmetrics_syncfree import SyncProbe, audit
+from torchmetrics_syncfree.__main__ import main
+from torchmetrics_syncfree.audit import CATALOGUE, Config, SpecError, audit_config, parse_spec
+
+TM_19 = compare_version("torchmetrics", operator.ge, "1.9.0") and compare_version("torchmetrics", operator.lt, "1.10.0")
+
+# --------------------------------------------------------------------------------------------- specifications
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "kwargs"),
+    [
+        ("MeanMetric", "MeanMetric", {}),
+        ("MeanMetric(nan_strategy='ignore')", "MeanMetric", {"nan_strategy": "ignore"}),
+        ("Accuracy(task='binary')", "Accuracy", {"task": "binary"}),
+        ("MulticlassF1Score(num_classes=3, average=None)", "MulticlassF1Score", {"num_classes": 3, "average": None}),
+        ("  MeanSquaredError( squared = False )", "MeanSquaredError", {"squared": False}),
+    ],
+)
+def test_parse_spec_accepts_metrics_with_literal_arguments(spec, name, kwargs):
+    cls, args, parsed = parse_spec(spec)
+    assert cls.__name__ == name
+    assert args == ()
+    assert parsed == kwargs
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "__import__('os').system('echo pwned')",
+        "os.system('true')",
+        "torchmetrics.Accuracy(task='binary')",  # attribute access is not a plain name
+        "Accuracy(task=open('x').read())",
+        "Accuracy(**{'task': 'binary'})",
+        "Accuracy(*['binary'])",
+        "MeanMetric() + MeanMetric()",
+        "lambda: 0",
+        "Tensor(3)",  # exported by torch, not a torchmetrics metric
+        "NoSuchMetric()",
+        "MeanMetric(",
+    ],
+)
+def test_parse_spec_rejects_anything_but_a_metric_call(spec):
+    with pytest.raises(SpecError):
+        parse_spec(spec)
+
+
+def test_bad_spec_is_a_usage_error_on_the_command_line(capsys):
+    assert main(["audit", "--metric", "__import__('os').system('true')"]) == 2
+    assert "expected a metric name" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- stock counts
+
+
+def _steady_state_update_count(metric, *args, **kwargs) -> int:
+    """Measured here without the audit's code: what the audit's stock numbers must agree with."""
+    metric.update(*args, **kwargs)
+    with SyncProbe() as probe:
+        metric.update(*args, **kwargs)
+    return probe.count
+
+
+def test_stock_mean_update_of_a_loss_matches_the_probe():
+    [result] = audit.audit(["MeanMetric()"], inputs="loss")
+    direct = _steady_state_update_count(MeanMetric(), torch.tensor(0.5))
+    assert result.counts("stock")["update"] == direct
+    assert direct >= 2  # the NaN checks of value and weight, on every supported release
+
+
+@pytest.mark.skipif(not TM_19, reason="probe-validated numbers of torchmetrics 1.9.x")
+@pytest.mark.parametrize(
+    ("label", "update", "forward"),
+    [
+        ("MeanMetric() update(loss)", 2, 2),  # aggregation.py:93 `if nans.any() or nans_weight.any()`
+        ("MeanMetric() update(0.25)", 3, 3),  # ... plus torch.as_tensor(0.25) host-to-device
+        ("MeanMetric(nan_strategy='disable') update(x)", 0, 0),
+        ("MaxMetric(nan_strategy='warn') update(x)", 2, 4),
+        ("Accuracy(task='multiclass', num_classes=5, average='macro')", 1, 2),  # bincount; + weights[mask] = 0
+        ("Accuracy(task='multiclass', num_classes=5, average='micro')", 0, 0),
+    ],
+)
+def test_stock_counts_on_torchmetrics_1_9(label, update, forward):
+    config = next(c for c in CATALOGUE if c.label == label)
+    result = audit_config(config)
+    assert result.counts("stock")["update"] == update, result.events["stock"]["update"]
+    assert result.counts("stock")["forward"] == forward, result.events["stock"]["forward"]
+
+
+def test_stock_classification_counts_match_the_probe():
+    [result] = audit.audit([f"MulticlassAccuracy(num_classes={audit.NUM_CLASSES})"])
+    preds = torch.rand(audit.BATCH, audit.NUM_CLASSES).softmax(-1)
+    target = torch.randint(0, audit.NUM_CLASSES, (audit.BATCH,))
+    assert result.counts("stock")["update"] == _steady_state_update_count(
+        MulticlassAccuracy(audit.NUM_CLASSES), preds, target
+    )
+
+
+# --------------------------------------------------------------------------------------------- patched counts
+
+#: Configurations whose patched forward() returns a value whose shape depends on the data (CatMetric drops the NaN
+#: entries of the batch it returns), so that forward has to read the device; update() stays sync-free.
+KNOWN_FORWARD_SYNCS = {
+    f"CatMetric(nan_strategy={strategy!r}) update(x)" for strategy in ("error", "warn", "ignore")
+}
+
+
+def _catalogue_params():
+    for config in CATALOGUE:
+        marks = []
+        if not config.covered:
+            # enabled automatically when the area's patches are registered (register_area in __init__.py)
+            marks.append(pytest.mark.skip(reason=f"area {config.area!r} is not patched (yet)"))
+        yield pytest.param(config, marks=marks, id=config.label)
+
+
+@pytest.mark.parametrize("config", list(_catalogue_params()))
+def test_patched_update_and_forward_do_not_sync(config: Config):
+    result = audit_config(config)
+    assert not result.errors, result.errors
+    assert result.counts("patched")["update"] == 0, audit.format_sources([result])
+    if config.label in KNOWN_FORWARD_SYNCS:
+        assert result.counts("patched")["forward"] <= 1
+    else:
+        assert result.counts("patched")["forward"] == 0, audit.format_sources([result])
+
+
+def test_the_catalogue_covers_the_issue():
+    labels = [c.label for c in CATALOGUE]
+    assert len(labels) == len(set(labels))
+    for name in ("MeanMetric", "SumMetric", "MaxMetric", "MinMetric", "CatMetric"):
+        assert sum(label.startswith(f"{name}(nan_strategy=") for label in labels) >= 4
+    for average in ("micro", "macro", "weighted", "none"):
+        assert any(f"average={average!r}" in label for label in labels)
+    assert {c.area for c in CATALOGUE} == {"aggregation", "classification", "regression"}
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def test_report_shows_counts_and_source_lines():
+    results = audit.audit(["MeanMetric()"], inputs="float")
+    text = audit.report(results)
+    assert "MeanMetric() update(0.25)" in text
+    assert "torchmetrics/aggregation.py:" in text
+    assert "nans.any()" in text  # the source line of the stock NaN check
+
+
+def test_json_output(capsys):
+    assert main(["audit", "--metric", "MeanMetric()", "--inputs", "loss", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    [entry] = payload["results"]
+    assert entry["counts"]["patched"] == {"update": 0, "forward": 0, "compute": entry["counts"]["patched"]["compute"]}
+    assert entry["counts"]["stock"]["update"] >= 2
+    assert entry["covered_by_patch"] is True
+    assert all(event["location"] and event["kind"] for event in entry["events"]["stock"]["update"])
+
+
+def test_strict_flags_patched_syncs(capsys):
+    assert main(["audit", "--metric", "MeanMetric()", "--inputs", "loss", "--strict", "--no-sources"]) == 0
+    result = audit.Result(Config("MeanMetric()", "loss"))
+    result.events = {"stock": {"update": [], "forward": [], "compute": []},
+                     "patched": {"update": [object()], "forward": [], "compute": []}}
+    assert audit.patched_syncs([result]) == ["MeanMetric() update(loss)"]
+    result.events["patched"]["update"] = []
+    assert audit.patched_syncs([result]) == []
+
+
+def test_audit_refuses_to_call_patched_code_stock(syncfree):
+    with pytest.raises(RuntimeError, match="unpatch_all"):
+        audit.audit(["MeanMetric()"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cuda_audit_without_cuda_fails_loudly(capsys):
+    assert main(["audit", "--metric", "MeanMetric()", "--device", "cuda"]) == 2
+    assert "sees no CUDA device" in capsys.readouterr().err

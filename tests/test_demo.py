@@ -1,0 +1,127 @@
+"""The main-job demo, on a few tiny steps (no timing is asserted: the machine is shared and noisy)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchmetrics_syncfree import demo
+from torchmetrics_syncfree.__main__ import main
+from torchmetrics_syncfree.audit import registered_areas
+
+TINY = {"steps": 4, "batch_size": 8, "log_every": 2, "warmup": 1, "probe_steps": 2, "chunk": 3, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def report() -> demo.DemoReport:
+    return demo.run_demo(demo.DemoConfig(**TINY), stream=io.StringIO())
+
+
+def test_all_three_variants_ran(report):
+    assert [r.variant for r in report.results] == ["none", "stock", "patched"]
+    for result in report.results:
+        assert result.steps == TINY["steps"]
+        assert len(result.step_ms) == TINY["steps"]
+        assert result.seconds > 0
+
+
+def test_stock_syncs_at_least_twice_per_step_and_patched_loses_the_aggregation_syncs(report):
+    none, stock, patched = (report.result(v) for v in ("none", "stock", "patched"))
+    assert none.syncs_per_step == 0
+    assert stock.syncs_per_step >= 2
+    assert any("torchmetrics/aggregation.py" in s["location"] for s in stock.sync_sources)
+    assert not any("aggregation.py" in s["location"] for s in patched.sync_sources)
+    assert patched.syncs_per_step <= stock.syncs_per_step - 2
+    if "classification" in registered_areas():
+        assert patched.syncs_per_step == 0, patched.sync_sources
+
+
+def test_stock_and_patched_agree(report):
+    agree, diff = report.agreement()
+    assert agree, (report.result("stock").final_values, report.result("patched").final_values)
+    assert report.replay_agreement()[0], report.replay
+    assert report.agrees()
+    report_with_a_difference = demo.DemoReport(report.config, report.versions, report.sync_counting, report.results,
+                                               {"stock": {"loss": 1.0}, "patched": {"loss": 1.5}})
+    assert not report_with_a_difference.agrees()
+    assert set(report.result("stock").final_values) == set(demo.METRIC_NAMES)
+
+
+def test_table_and_json(report):
+    text = demo.format_report(report)
+    for word in ("steps/s", "ms/step", "syncs/step", "agree: yes", "replayed", "stock", "patched", "none"):
+        assert word in text
+    payload = json.loads(report.to_json())
+    assert payload["agreement"]["agree"] is True
+    assert payload["versions"]["torchmetrics"]
+
+
+def test_stock_variant_refuses_to_run_patched(syncfree):
+    with pytest.raises(RuntimeError, match="stock TorchMetrics"):
+        demo.run_demo(demo.DemoConfig(**{**TINY, "variants": ["stock"]}), stream=io.StringIO())
+
+
+def test_patched_variant_leaves_torchmetrics_stock(report):
+    import torchmetrics_syncfree
+
+    assert not any(torchmetrics_syncfree.is_patched(t) for t in torchmetrics_syncfree.declared_targets())
+
+
+def test_cli_runs_a_subset_and_writes_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    argv = ["demo", "--steps", "2", "--batch-size", "4", "--log-every", "1", "--warmup", "0", "--probe-steps", "1",
+            "--variants", "stock,patched", "--no-progress", "--quiet", "--json", str(out), "--require-agreement"]
+    try:
+        import matplotlib  # noqa: F401
+
+        argv += ["--plot", str(tmp_path / "demo.png")]
+    except ImportError:
+        pass
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "stock and patched final metric values agree: yes" in text
+    assert [r["variant"] for r in json.loads(out.read_text())["results"]] == ["stock", "patched"]
+    if "--plot" in argv:
+        assert (tmp_path / "demo.png").stat().st_size > 0
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="unknown variant"):
+        demo.DemoConfig(variants=["fast"]).resolve()
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="sees no GPU"):
+            demo.DemoConfig(device="cuda").resolve()
+
+
+def test_progress_writes_plain_lines_off_a_terminal():
+    stream = io.StringIO()
+    progress = demo.Progress("stock", 8, stream)
+    for done in range(1, 9):
+        progress.update(done)
+    lines = stream.getvalue().splitlines()
+    assert 2 <= len(lines) <= 5
+    assert lines[-1].startswith("stock    8/8 steps")
+
+
+def test_module_entry_point_help():
+    out = subprocess.run([sys.executable, "-m", "torchmetrics_syncfree", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "demo" in out.stdout and "audit" in out.stdout
+
+
+def test_gpu_runs_fail_loudly_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--syncfree-require-cuda", "-p", "no:cacheprovider", "-p", "no:xdist",
+         str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
+    assert "no CUDA device is available" in out.stderr

@@ -1,0 +1,54 @@
+"""benchmarks/ratios.py on a small hand-made pytest-benchmark JSON (no timing is measured here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ratios():
+    spec = importlib.util.spec_from_file_location("ratios", ROOT / "benchmarks" / "ratios.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench(config, call, mode, area, median):
+    info = {"config": config, "call": call, "mode": mode, "area": area, "torch": "2.13.0", "torchmetrics": "1.9.0"}
+    return {"group": f"{config} :: {call}", "extra_info": info, "stats": {"median": median}}
+
+
+def _write(tmp_path, benchmarks):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"machine_info": {"python_version": "3.11", "cpu": {"count": 2}},
+                                "commit_info": {"id": "abc"}, "datetime": "now", "benchmarks": benchmarks}))
+    return path
+
+
+def test_ratio_table_and_targets(tmp_path, capsys):
+    path = _write(tmp_path, [
+        _bench("MeanMetric() update(loss)", "update", "stock", "aggregation", 40e-6),
+        _bench("MeanMetric() update(loss)", "update", "patched", "aggregation", 20e-6),
+        _bench("SumMetric() update(loss)", "forward", "stock", "aggregation", 100e-6),
+        _bench("SumMetric() update(loss)", "forward", "patched", "aggregation", 110e-6),
+        _bench("Accuracy(task='binary')", "update", "stock", "classification", 50e-6),
+        _bench("Accuracy(task='binary')", "update", "patched", "classification", 60e-6),
+        {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
+    ])
+    ratios = _ratios()
+    assert ratios.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| MeanMetric() update(loss) | update | 40.0 | 20.0 | 0.50 | <= 0.75 met |" in out
+    assert "| SumMetric() update(loss) | forward | 100.0 | 110.0 | 1.10 | <= 1.05 MISSED |" in out
+    assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 |  |" in out
+    assert "1/2 issue-2 targets met" in out
+    assert ratios.main([str(path), "--check"]) == 1
+    assert ratios.main([str(path), "--check", "--area", "classification"]) == 0
+
+
+def test_no_pairs_is_an_error(tmp_path):
+    path = _write(tmp_path, [_bench("MeanMetric() update(loss)", "update", "stock", "aggregation", 1e-6)])
+    assert _ratios().main([str(path)]) == 1

@@ -1,0 +1,451 @@
+"""Sync audit: which metric calls would synchronize host and device, stock vs patched, and from which line.
+
+``python -m torchmetrics_syncfree audit`` runs every configuration of :data:`CATALOGUE` (or the metrics named with
+``--metric``) once stock and once under :func:`torchmetrics_syncfree.patched`, and counts with
+:class:`~torchmetrics_syncfree.SyncProbe` the would-be syncs of ``update``, ``forward`` and ``compute``. Each call is
+measured in steady state: the metric has already seen one ``update`` with the same inputs.
+
+Metric specifications are parsed, never evaluated: ``"Accuracy(task='binary')"`` must be the name of a
+:class:`torchmetrics.Metric` subclass exported by TorchMetrics (top level or a public sub-package), called with
+literal arguments only.
+
+Example:
+    >>> from torchmetrics_syncfree.audit import audit
+    >>> [row] = audit(["MeanMetric()"], inputs="loss")
+    >>> row.counts("stock")["update"] >= 1, row.counts("patched")["update"]
+    (True, 0)
+
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import json
+import operator
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from lightning_utilities.core.imports import compare_version
+
+from torchmetrics_syncfree import _registry
+from torchmetrics_syncfree.probe import SyncEvent, SyncProbe
+
+CALLS = ("update", "forward", "compute")
+MODES = ("stock", "patched")
+#: Where metric names given to ``--metric`` are looked up (public TorchMetrics namespaces only).
+NAMESPACES = (
+    "torchmetrics",
+    "torchmetrics.aggregation",
+    "torchmetrics.classification",
+    "torchmetrics.regression",
+    "torchmetrics.retrieval",
+    "torchmetrics.segmentation",
+    "torchmetrics.clustering",
+    "torchmetrics.nominal",
+    "torchmetrics.wrappers",
+)
+BATCH = 32
+NUM_CLASSES = 5
+NUM_LABELS = 4
+
+
+# ----------------------------------------------------------------------------------------------- specifications
+
+
+class SpecError(ValueError):
+    """A metric specification that is not ``Name(literal args)`` of a TorchMetrics metric."""
+
+
+def _metric_base() -> type:
+    from torchmetrics import Metric
+
+    return Metric
+
+
+def resolve_metric_class(name: str) -> type:
+    """The TorchMetrics metric class (or task wrapper) called ``name`` in one of :data:`NAMESPACES`."""
+    for namespace in NAMESPACES:
+        try:
+            module = importlib.import_module(namespace)
+        except ImportError:  # optional sub-packages may need extras
+            continue
+        exported = getattr(module, "__all__", None)
+        if exported is not None and name not in exported:
+            continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, _metric_base()):
+            return cls
+    raise SpecError(f"{name!r} is not a metric exported by torchmetrics (looked in {', '.join(NAMESPACES)})")
+
+
+def parse_spec(spec: str) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
+    """Split ``"Name(arg, key=value)"`` into the metric class and literal arguments, without evaluating code.
+
+    Example:
+        >>> cls, args, kwargs = parse_spec("Accuracy(task='multiclass', num_classes=3)")
+        >>> cls.__name__, args, kwargs
+        ('Accuracy', (), {'task': 'multiclass', 'num_classes': 3})
+        >>> parse_spec("__import__('os').system('true')")
+        Traceback (most recent call last):
+        ...
+        torchmetrics_syncfree.audit.SpecError: ...
+
+    """
+    try:
+        node = ast.parse(spec.strip(), mode="eval").body
+    except SyntaxError as err:
+        raise SpecError(f"{spec!r} is not of the form Name(arg=value, ...): {err.msg}") from None
+    if isinstance(node, ast.Name):
+        return resolve_metric_class(node.id), (), {}
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise SpecError(f"{spec!r}: expected a metric name, optionally called with literal arguments")
+    if any(isinstance(arg, ast.Starred) for arg in node.args) or any(kw.arg is None for kw in node.keywords):
+        raise SpecError(f"{spec!r}: *args and **kwargs are not allowed")
+    try:
+        args = tuple(ast.literal_eval(arg) for arg in node.args)
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+    except ValueError:
+        raise SpecError(f"{spec!r}: arguments must be Python literals (numbers, strings, None, tuples, ...)") from None
+    return resolve_metric_class(node.func.id), args, kwargs
+
+
+def build_metric(spec: str) -> Any:
+    cls, args, kwargs = parse_spec(spec)
+    return cls(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+
+def _family(metric: Any) -> str:
+    from torchmetrics.aggregation import BaseAggregator
+
+    if isinstance(metric, BaseAggregator):
+        return "vector"
+    name = type(metric).__name__
+    for prefix in ("Binary", "Multiclass", "Multilabel"):
+        if name.startswith(prefix):
+            return prefix.lower()
+    if type(metric).__module__.startswith("torchmetrics.regression"):
+        return "regression"
+    raise SpecError(
+        f"cannot make inputs for {name}: the audit knows aggregators, Binary*/Multiclass*/Multilabel* classification"
+        " metrics (task wrappers included) and regression metrics"
+    )
+
+
+def make_inputs(kind: str, metric: Any, device: torch.device, seed: int = 0) -> tuple[tuple[Any, ...], dict]:
+    """Update arguments of one input ``kind`` (``"auto"`` picks the kind from the metric's family)."""
+    if kind == "auto":
+        kind = _family(metric)
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=gen).to(device)
+
+    def randint(high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(0, high, shape, generator=gen).to(device)
+
+    if kind == "vector":
+        return (rand(BATCH),), {}
+    if kind == "loss":
+        return (torch.rand((), generator=gen).to(device),), {}
+    if kind == "float":
+        return (0.25,), {}
+    if kind == "weighted":
+        return (rand(BATCH),), {"weight": rand(BATCH)}
+    if kind == "binary":
+        return (rand(BATCH), randint(2, BATCH)), {}
+    if kind == "multiclass":
+        classes = int(metric.num_classes)
+        return (rand(BATCH, classes).softmax(-1), randint(classes, BATCH)), {}
+    if kind == "multilabel":
+        labels = int(metric.num_labels)
+        return (rand(BATCH, labels), randint(2, BATCH, labels)), {}
+    if kind == "regression":
+        return (rand(BATCH), rand(BATCH)), {}
+    raise ValueError(f"unknown input kind {kind!r}")
+
+
+#: How the update arguments of each input kind read in a table.
+CALL_TEXT = {
+    "vector": "update(x)",
+    "loss": "update(loss)",
+    "float": "update(0.25)",
+    "weighted": "update(x, weight=w)",
+    "binary": "update(preds, target)",
+    "multiclass": "update(preds, target)",
+    "multilabel": "update(preds, target)",
+    "regression": "update(preds, target)",
+}
+
+
+# ----------------------------------------------------------------------------------------------- the catalogue
+
+
+@dataclass(frozen=True)
+class Config:
+    """One audited configuration: a metric specification and the kind of input it is updated with."""
+
+    spec: str
+    inputs: str = "auto"
+
+    @property
+    def label(self) -> str:
+        return self.spec if self.inputs == "auto" else f"{self.spec} {CALL_TEXT[self.inputs]}"
+
+    @property
+    def area(self) -> str:
+        """The patch area (see :func:`torchmetrics_syncfree._registry.register_area`) that covers this metric."""
+        module = parse_spec(self.spec)[0].__module__
+        for area in ("aggregation", "classification", "regression"):
+            if module.startswith(f"torchmetrics.{area}"):
+                return area
+        return module
+
+    @property
+    def covered(self) -> bool:
+        """Whether the patch declares this metric's area sync-free (its ``update``/``forward`` must not sync)."""
+        return self.area in registered_areas()
+
+
+def registered_areas() -> list[str]:
+    """The patch areas :func:`torchmetrics_syncfree.patch_all` installs."""
+    return sorted(_registry._area_modules)
+
+
+def _nan_strategies() -> list[Any]:
+    strategies: list[Any] = ["error", "warn", "ignore"]
+    if compare_version("torchmetrics", operator.ge, "1.7.0"):
+        strategies.append("disable")
+    return [*strategies, 0.0]
+
+
+def catalogue() -> list[Config]:
+    """Common metric configurations for the installed TorchMetrics release."""
+    configs = [
+        Config("MeanMetric()", "loss"),
+        Config("MeanMetric()", "float"),
+        Config("MeanMetric()", "weighted"),
+        Config("SumMetric()", "loss"),
+    ]
+    for name in ("MeanMetric", "SumMetric", "MaxMetric", "MinMetric", "CatMetric"):
+        configs += [Config(f"{name}(nan_strategy={strategy!r})", "vector") for strategy in _nan_strategies()]
+    configs.append(Config("Accuracy(task='binary')"))
+    configs.append(Config("F1Score(task='binary')"))
+    for name in ("Accuracy", "Precision", "Recall", "F1Score"):
+        for average in ("micro", "macro", "weighted", "none"):
+            configs.append(Config(f"{name}(task='multiclass', num_classes={NUM_CLASSES}, average={average!r})"))
+    for average in ("micro", "macro"):
+        configs.append(Config(f"Accuracy(task='multilabel', num_labels={NUM_LABELS}, average={average!r})"))
+    configs.append(Config(f"F1Score(task='multilabel', num_labels={NUM_LABELS}, average='macro')"))
+    configs += [Config(f"{name}()") for name in ("MeanSquaredError", "MeanAbsoluteError", "R2Score")]
+    return configs
+
+
+CATALOGUE: tuple[Config, ...] = tuple(catalogue())
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Result:
+    """The sync events of ``update``, ``forward`` and ``compute`` of one configuration, stock and patched."""
+
+    config: Config
+    events: dict[str, dict[str, list[SyncEvent]]] = field(default_factory=dict)  # mode -> call -> events
+    errors: dict[str, str] = field(default_factory=dict)  # mode -> error text, if the metric could not run
+
+    def counts(self, mode: str) -> dict[str, int]:
+        return {call: len(events) for call, events in self.events.get(mode, {}).items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.label,
+            "spec": self.config.spec,
+            "inputs": self.config.inputs,
+            "area": self.config.area,
+            "covered_by_patch": self.config.covered,
+            "counts": {mode: self.counts(mode) for mode in self.events},
+            "errors": self.errors,
+            "events": {
+                mode: {
+                    call: [
+                        {"kind": e.kind, "op": e.op, "location": e.location, "source": e.source} for e in events
+                    ]
+                    for call, events in calls.items()
+                }
+                for mode, calls in self.events.items()
+            },
+        }
+
+
+def _require_stock() -> None:
+    active = [spec.target for spec in _registry._specs.values() if spec.active]
+    if active:
+        raise RuntimeError(
+            f"the audit compares against stock TorchMetrics, but {len(active)} targets are patched; call"
+            " torchmetrics_syncfree.unpatch_all() first"
+        )
+
+
+def _mode(mode: str) -> contextlib.AbstractContextManager:
+    return _registry.patched() if mode == "patched" else contextlib.nullcontext()
+
+
+def probe_calls(config: Config, device: torch.device) -> dict[str, list[SyncEvent]]:
+    """Build the metric (under whatever patch state is active) and probe each call once, in steady state."""
+    metric = build_metric(config.spec).to(device)
+    args, kwargs = make_inputs(config.inputs, metric, device)
+    metric.update(*args, **kwargs)  # warm-up: first-update effects are not what a training loop pays per step
+    events = {}
+    with SyncProbe(device) as probe:
+        metric.update(*args, **kwargs)
+    events["update"] = probe.events
+    with SyncProbe(device) as probe:
+        metric(*args, **kwargs)
+    events["forward"] = probe.events
+    with SyncProbe(device) as probe:
+        metric.compute()
+    events["compute"] = probe.events
+    return events
+
+
+def audit_config(config: Config, device: torch.device | str = "cpu") -> Result:
+    device = torch.device(device)
+    result = Result(config)
+    for mode in MODES:
+        with _mode(mode):
+            try:
+                result.events[mode] = probe_calls(config, device)
+            except Exception as err:  # noqa: BLE001 - reported per configuration, the audit goes on
+                result.errors[mode] = f"{type(err).__name__}: {err}"
+    return result
+
+
+def audit(
+    specs: Optional[Sequence[str]] = None,
+    *,
+    inputs: str = "auto",
+    device: torch.device | str = "cpu",
+    include_catalogue: bool = False,
+    progress: Optional[Callable[[int, int, str], None]] = None,
+) -> list[Result]:
+    """Audit the given metric specifications (and/or the catalogue); stock TorchMetrics must be active."""
+    _require_stock()
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
+    _registry._load_areas()
+    configs = [Config(spec, inputs) for spec in specs or ()]
+    for config in configs:
+        parse_spec(config.spec)  # fail on a bad spec before measuring anything
+    if include_catalogue or not configs:
+        configs = list(CATALOGUE) + configs
+    results = []
+    for index, config in enumerate(configs):
+        if progress is not None:
+            progress(index, len(configs), config.label)
+        results.append(audit_config(config, device))
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- reporting
+
+
+def short_location(location: str) -> str:
+    """``.../site-packages/torchmetrics/aggregation.py:93`` -> ``torchmetrics/aggregation.py:93``."""
+    for package in ("torchmetrics_syncfree", "torchmetrics", "torch"):
+        marker = f"{os.sep}{package}{os.sep}"
+        if marker in location:
+            return package + os.sep + location.rsplit(marker, 1)[1]
+    return location
+
+
+def _cell(result: Result, mode: str, call: str) -> str:
+    if mode in result.errors:
+        return "err"
+    return str(result.counts(mode).get(call, "-"))
+
+
+def format_table(results: Sequence[Result]) -> str:
+    width = max([len("configuration"), *(len(r.config.label) for r in results)])
+    head1 = " " * width + "  " + "  ".join(f"{call:<15}" for call in CALLS)
+    head2 = f"{'configuration':<{width}}  " + "  ".join(f"{'stock':>6} {'patched':>8}" for _ in CALLS) + "  sync-free area"
+    lines = [head1.rstrip(), head2, "-" * len(head2)]
+    for r in results:
+        cells = "  ".join(f"{_cell(r, 'stock', c):>6} {_cell(r, 'patched', c):>8}" for c in CALLS)
+        lines.append(f"{r.config.label:<{width}}  {cells}  {r.config.area if r.config.covered else '-'}")
+    return "\n".join(lines)
+
+
+def _grouped(events: Sequence[SyncEvent]) -> Iterator[tuple[int, SyncEvent]]:
+    counts = Counter((e.kind, e.op, e.location) for e in events)
+    seen = set()
+    for event in events:
+        key = (event.kind, event.op, event.location)
+        if key not in seen:
+            seen.add(key)
+            yield counts[key], event
+
+
+def format_sources(results: Sequence[Result]) -> str:
+    """Every distinct sync source per configuration, mode and call, with its line of code."""
+    lines = []
+    for r in results:
+        block = []
+        for mode in MODES:
+            if mode in r.errors:
+                block.append(f"  {mode:<8} could not run: {r.errors[mode]}")
+                continue
+            for call in CALLS:
+                for n, event in _grouped(r.events[mode][call]):
+                    block.append(f"  {mode:<8} {call:<8} {n}x {event.kind:<21} {short_location(event.location)}")
+                    if event.source:
+                        block.append(f"  {'':<8} {'':<8}    {event.source}")
+        if block:
+            lines += [r.config.label, *block]
+    return "\n".join(lines) if lines else "no would-be syncs anywhere"
+
+
+def report(results: Sequence[Result], device: torch.device | str = "cpu") -> str:
+    import torchmetrics
+
+    kind = "real syncs (torch.cuda.set_sync_debug_mode)" if torch.device(device).type == "cuda" else "would-be syncs (CPU probe)"
+    header = (
+        f"torchmetrics {torchmetrics.__version__} | torch {torch.__version__} | device {device} | {kind} per call,"
+        f" steady state | sync-free areas: {', '.join(registered_areas())}"
+    )
+    return "\n\n".join([header, format_table(results), "Where they come from:\n" + format_sources(results)])
+
+
+def to_json(results: Sequence[Result], device: torch.device | str = "cpu") -> str:
+    import torchmetrics
+
+    payload = {
+        "torchmetrics": torchmetrics.__version__,
+        "torch": torch.__version__,
+        "device": str(device),
+        "sync_free_areas": registered_areas(),
+        "results": [r.as_dict() for r in results],
+    }
+    return json.dumps(payload, indent=2)
+
+
+def patched_syncs(
+    results: Sequence[Result], calls: Sequence[str] = ("update", "forward"), only_covered: bool = False
+) -> list[str]:
+    """Labels of configurations whose patched ``calls`` still sync (or fail); ``--strict`` rejects any."""
+    bad = []
+    for r in results:
+        if only_covered and not r.config.covered:
+            continue
+        if "patched" in r.errors or any(r.counts("patched").get(call, 0) for call in calls):
+            bad.append(r.config.label)
+    return bad
