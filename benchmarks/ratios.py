@@ -15,12 +15,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 MEAN_LOSS_UPDATE = ("MeanMetric() update(loss)", "update")
 
 
-def target(row: dict[str, Any]) -> Optional[float]:
+def target(row: dict[str, Any]) -> float | None:
     """The issue-2 ceiling for a row's ratio, if it has one."""
     if (row["config"], row["call"]) == MEAN_LOSS_UPDATE:
         return 0.75
@@ -36,8 +36,10 @@ def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         info = bench.get("extra_info", {})
         if not {"config", "call", "mode"} <= set(info):
             continue  # not one of the stock/patched pairs (e.g. another benchmark module)
-        row = pairs.setdefault((info["config"], info["call"]), {"config": info["config"], "call": info["call"],
-                                                                 "area": info.get("area", "")})
+        row = pairs.setdefault(
+            (info["config"], info["call"]),
+            {"config": info["config"], "call": info["call"], "area": info.get("area", "")},
+        )
         row[info["mode"]] = bench["stats"]["median"]
     rows = [row for row in pairs.values() if "stock" in row and "patched" in row]
     for row in rows:
@@ -72,7 +74,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", type=Path, help="a run saved with --benchmark-json (or --benchmark-autosave)")
     parser.add_argument("--area", help="only rows of this patch area (aggregation, classification, regression)")

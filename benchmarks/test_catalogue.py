@@ -16,7 +16,6 @@ import torchmetrics
 
 from torchmetrics_syncfree.audit import CALLS, CATALOGUE, MODES, _mode, build_metric, make_inputs
 
-
 LIST_STATE_ROUNDS = 300
 
 
@@ -34,8 +33,16 @@ def _reference(config) -> torch.Tensor:
 def test_host_time(benchmark, config, call, mode):
     reference = _reference(config) if call == "compute" else None
     benchmark.group = f"{config.label} :: {call}"
-    benchmark.extra_info.update({"config": config.label, "call": call, "mode": mode, "area": config.area,
-                                 "torch": torch.__version__, "torchmetrics": torchmetrics.__version__})
+    benchmark.extra_info.update(
+        {
+            "config": config.label,
+            "call": call,
+            "mode": mode,
+            "area": config.area,
+            "torch": torch.__version__,
+            "torchmetrics": torchmetrics.__version__,
+        }
+    )
     with _mode(mode):
         metric = build_metric(config.spec)
         args, kwargs = make_inputs(config.inputs, metric, torch.device("cpu"))

@@ -49,7 +49,9 @@ class Module(L.LightningModule):
 
     def train_dataloader(self):
         gen = torch.Generator().manual_seed(0)
-        data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=gen), torch.randint(0, 3, (64,), generator=gen))
+        data = torch.utils.data.TensorDataset(
+            torch.randn(64, 8, generator=gen), torch.randint(0, 3, (64,), generator=gen)
+        )
         return torch.utils.data.DataLoader(data, batch_size=16)
 
 
@@ -68,8 +70,13 @@ def train(patch: bool) -> tuple[list[dict[str, float]], dict[str, float], list[i
     with context:
         module = Module()
         trainer = L.Trainer(
-            fast_dev_run=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False,
-            enable_model_summary=False, enable_checkpointing=False, callbacks=[recorder],
+            fast_dev_run=STEPS,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            callbacks=[recorder],
         )
         trainer.fit(module)
     final = {k: float(v) for k, v in trainer.callback_metrics.items()}

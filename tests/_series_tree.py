@@ -168,8 +168,6 @@ def install(tree: Path) -> str:
     """Swap the layer's replacements for the patched tree's functions; raises ``pytest.UsageError`` on drift."""
     import torchmetrics
 
-    from torchmetrics_syncfree import _registry
-
     stock_src = Path(torchmetrics.__file__).resolve().parents[1]
     patched_src = (tree / "src").resolve()
     if stock_src == patched_src or not (patched_src / "torchmetrics").is_dir():

@@ -113,9 +113,7 @@ def test_stock_classification_counts_match_the_probe():
 
 #: Configurations whose patched forward() returns a value whose shape depends on the data (CatMetric drops the NaN
 #: entries of the batch it returns), so that forward has to read the device; update() stays sync-free.
-KNOWN_FORWARD_SYNCS = {
-    f"CatMetric(nan_strategy={strategy!r}) update(x)" for strategy in ("error", "warn", "ignore")
-}
+KNOWN_FORWARD_SYNCS = {f"CatMetric(nan_strategy={strategy!r}) update(x)" for strategy in ("error", "warn", "ignore")}
 
 
 def _catalogue_params():
@@ -172,8 +170,10 @@ def test_json_output(capsys):
 def test_strict_flags_patched_syncs(capsys):
     assert main(["audit", "--metric", "MeanMetric()", "--inputs", "loss", "--strict", "--no-sources"]) == 0
     result = audit.Result(Config("MeanMetric()", "loss"))
-    result.events = {"stock": {"update": [], "forward": [], "compute": []},
-                     "patched": {"update": [object()], "forward": [], "compute": []}}
+    result.events = {
+        "stock": {"update": [], "forward": [], "compute": []},
+        "patched": {"update": [object()], "forward": [], "compute": []},
+    }
     assert audit.patched_syncs([result]) == ["MeanMetric() update(loss)"]
     result.events["patched"]["update"] = []
     assert audit.patched_syncs([result]) == []

@@ -125,8 +125,9 @@ def test_probe_on_cuda_counts_stock_mean_update():
 
 
 def test_demo_on_cuda_removes_the_aggregation_syncs():
-    config = demo.DemoConfig(device="cuda", model="cnn", steps=4, batch_size=8, log_every=2, warmup=1, probe_steps=2,
-                             progress=False)
+    config = demo.DemoConfig(
+        device="cuda", model="cnn", steps=4, batch_size=8, log_every=2, warmup=1, probe_steps=2, progress=False
+    )
     report = demo.run_demo(config, stream=io.StringIO())
     stock, patched = report.result("stock"), report.result("patched")
     assert stock.syncs_per_step >= patched.syncs_per_step + 2

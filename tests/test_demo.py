@@ -46,8 +46,13 @@ def test_stock_and_patched_agree(report):
     assert agree, (report.result("stock").final_values, report.result("patched").final_values)
     assert report.replay_agreement()[0], report.replay
     assert report.agrees()
-    report_with_a_difference = demo.DemoReport(report.config, report.versions, report.sync_counting, report.results,
-                                               {"stock": {"loss": 1.0}, "patched": {"loss": 1.5}})
+    report_with_a_difference = demo.DemoReport(
+        report.config,
+        report.versions,
+        report.sync_counting,
+        report.results,
+        {"stock": {"loss": 1.0}, "patched": {"loss": 1.5}},
+    )
     assert not report_with_a_difference.agrees()
     assert set(report.result("stock").final_values) == set(demo.METRIC_NAMES)
 
@@ -74,8 +79,26 @@ def test_patched_variant_leaves_torchmetrics_stock(report):
 
 def test_cli_runs_a_subset_and_writes_json_and_plot(tmp_path, capsys):
     out = tmp_path / "demo.json"
-    argv = ["demo", "--steps", "2", "--batch-size", "4", "--log-every", "1", "--warmup", "0", "--probe-steps", "1",
-            "--variants", "stock,patched", "--no-progress", "--quiet", "--json", str(out), "--require-agreement"]
+    argv = [
+        "demo",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--log-every",
+        "1",
+        "--warmup",
+        "0",
+        "--probe-steps",
+        "1",
+        "--variants",
+        "stock,patched",
+        "--no-progress",
+        "--quiet",
+        "--json",
+        str(out),
+        "--require-agreement",
+    ]
     try:
         import matplotlib  # noqa: F401
 
@@ -119,9 +142,20 @@ def test_gpu_runs_fail_loudly_without_cuda(tmp_path):
         pytest.skip("CUDA is available here")
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--syncfree-require-cuda", "-p", "no:cacheprovider", "-p", "no:xdist",
-         str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--syncfree-require-cuda",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
     assert "no CUDA device is available" in out.stderr

@@ -23,21 +23,32 @@ def _bench(config, call, mode, area, median):
 
 def _write(tmp_path, benchmarks):
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"machine_info": {"python_version": "3.11", "cpu": {"count": 2}},
-                                "commit_info": {"id": "abc"}, "datetime": "now", "benchmarks": benchmarks}))
+    path.write_text(
+        json.dumps(
+            {
+                "machine_info": {"python_version": "3.11", "cpu": {"count": 2}},
+                "commit_info": {"id": "abc"},
+                "datetime": "now",
+                "benchmarks": benchmarks,
+            }
+        )
+    )
     return path
 
 
 def test_ratio_table_and_targets(tmp_path, capsys):
-    path = _write(tmp_path, [
-        _bench("MeanMetric() update(loss)", "update", "stock", "aggregation", 40e-6),
-        _bench("MeanMetric() update(loss)", "update", "patched", "aggregation", 20e-6),
-        _bench("SumMetric() update(loss)", "forward", "stock", "aggregation", 100e-6),
-        _bench("SumMetric() update(loss)", "forward", "patched", "aggregation", 110e-6),
-        _bench("Accuracy(task='binary')", "update", "stock", "classification", 50e-6),
-        _bench("Accuracy(task='binary')", "update", "patched", "classification", 60e-6),
-        {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
-    ])
+    path = _write(
+        tmp_path,
+        [
+            _bench("MeanMetric() update(loss)", "update", "stock", "aggregation", 40e-6),
+            _bench("MeanMetric() update(loss)", "update", "patched", "aggregation", 20e-6),
+            _bench("SumMetric() update(loss)", "forward", "stock", "aggregation", 100e-6),
+            _bench("SumMetric() update(loss)", "forward", "patched", "aggregation", 110e-6),
+            _bench("Accuracy(task='binary')", "update", "stock", "classification", 50e-6),
+            _bench("Accuracy(task='binary')", "update", "patched", "classification", 60e-6),
+            {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
+        ],
+    )
     ratios = _ratios()
     assert ratios.main([str(path)]) == 0
     out = capsys.readouterr().out

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,45 +23,78 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, help="default: 32 for the CNN, 128 for ResNet-18")
     p.add_argument("--num-classes", type=int, help="default: 10 for the CNN, 1000 for ResNet-18")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
-    p.add_argument("--model", default="auto", choices=("auto", "cnn", "resnet18"),
-                   help="default: resnet18 on CUDA when torchvision imports, else the project's small CNN")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated subset of {','.join(VARIANTS)} (default: all)")
-    p.add_argument("--average", default="macro", choices=("micro", "macro", "weighted", "none"),
-                   help="average of the classification metrics (default: macro)")
+    p.add_argument(
+        "--model",
+        default="auto",
+        choices=("auto", "cnn", "resnet18"),
+        help="default: resnet18 on CUDA when torchvision imports, else the project's small CNN",
+    )
+    p.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)} (default: all)"
+    )
+    p.add_argument(
+        "--average",
+        default="macro",
+        choices=("micro", "macro", "weighted", "none"),
+        help="average of the classification metrics (default: macro)",
+    )
     p.add_argument("--log-every", type=int, default=50, help="compute/print/reset every N steps (default: 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before timing (default: 5)")
     p.add_argument("--probe-steps", type=int, default=3, help="steps over which syncs are counted (default: 3)")
-    p.add_argument("--chunk", type=int, default=10,
-                   help="the variants take turns every CHUNK steps, so background load hits them alike (default: 10)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads on --device cpu (default: 1, steadiest on a small shared machine; 0: torch's"
-                        " default)")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=10,
+        help="the variants take turns every CHUNK steps, so background load hits them alike (default: 10)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads on --device cpu (default: 1, steadiest on a small shared machine; 0: torch's default)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="do not print the metric values every --log-every steps")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plot", metavar="PNG", help="draw step time per variant into PNG (needs matplotlib)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON into FILE ('-' for stdout)")
-    p.add_argument("--require-agreement", action="store_true",
-                   help="exit 1 if stock and patched metrics give different values on the same inputs (and, on CPU,"
-                        " if the two training runs end with different values)")
+    p.add_argument(
+        "--require-agreement",
+        action="store_true",
+        help="exit 1 if stock and patched metrics give different values on the same inputs (and, on CPU,"
+        " if the two training runs end with different values)",
+    )
 
 
 def _audit_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("audit", help="would-be syncs per metric call, stock vs patched", description=_doc("audit"),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--metric", action="append", default=[], metavar="SPEC",
-                   help="a metric to audit, e.g. \"Accuracy(task='binary')\" (repeatable); default: the catalogue")
-    p.add_argument("--inputs", default="auto",
-                   choices=("auto", "vector", "loss", "float", "weighted", "binary", "multiclass", "multilabel",
-                            "regression"),
-                   help="what --metric metrics are updated with (default: chosen from the metric's family)")
+    p = sub.add_parser(
+        "audit",
+        help="would-be syncs per metric call, stock vs patched",
+        description=_doc("audit"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a metric to audit, e.g. \"Accuracy(task='binary')\" (repeatable); default: the catalogue",
+    )
+    p.add_argument(
+        "--inputs",
+        default="auto",
+        choices=("auto", "vector", "loss", "float", "weighted", "binary", "multiclass", "multilabel", "regression"),
+        help="what --metric metrics are updated with (default: chosen from the metric's family)",
+    )
     p.add_argument("--catalogue", action="store_true", help="audit the catalogue as well as the --metric metrics")
     p.add_argument("--device", default="cpu", help="cpu (would-be syncs) or cuda (real syncs)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--no-sources", action="store_true", help="only the table, not the source line of each sync")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 1 if a patched update() or forward() of an audited metric still syncs")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 if a patched update() or forward() of an audited metric still syncs",
+    )
 
 
 def _doc(name: str) -> str:
@@ -72,8 +104,9 @@ def _doc(name: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchmetrics-syncfree", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="torchmetrics-syncfree", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     _audit_parser(sub)
@@ -126,8 +159,9 @@ def run_audit_command(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     try:
-        results = audit.audit(args.metric, inputs=args.inputs, device=args.device,
-                              include_catalogue=args.catalogue, progress=progress)
+        results = audit.audit(
+            args.metric, inputs=args.inputs, device=args.device, include_catalogue=args.catalogue, progress=progress
+        )
     except (audit.SpecError, RuntimeError) as err:
         print(f"torchmetrics-syncfree audit: {err}", file=sys.stderr)
         return 2
@@ -147,7 +181,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "demo":
         return run_demo_command(args)

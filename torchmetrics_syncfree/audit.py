@@ -26,9 +26,9 @@ import json
 import operator
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from lightning_utilities.core.imports import compare_version
@@ -277,9 +277,7 @@ class Result:
             "errors": self.errors,
             "events": {
                 mode: {
-                    call: [
-                        {"kind": e.kind, "op": e.op, "location": e.location, "source": e.source} for e in events
-                    ]
+                    call: [{"kind": e.kind, "op": e.op, "location": e.location, "source": e.source} for e in events]
                     for call, events in calls.items()
                 }
                 for mode, calls in self.events.items()
@@ -325,18 +323,18 @@ def audit_config(config: Config, device: torch.device | str = "cpu") -> Result:
         with _mode(mode):
             try:
                 result.events[mode] = probe_calls(config, device)
-            except Exception as err:  # noqa: BLE001 - reported per configuration, the audit goes on
+            except Exception as err:
                 result.errors[mode] = f"{type(err).__name__}: {err}"
     return result
 
 
 def audit(
-    specs: Optional[Sequence[str]] = None,
+    specs: Sequence[str] | None = None,
     *,
     inputs: str = "auto",
     device: torch.device | str = "cpu",
     include_catalogue: bool = False,
-    progress: Optional[Callable[[int, int, str], None]] = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Result]:
     """Audit the given metric specifications (and/or the catalogue); stock TorchMetrics must be active."""
     _require_stock()
@@ -377,7 +375,9 @@ def _cell(result: Result, mode: str, call: str) -> str:
 def format_table(results: Sequence[Result]) -> str:
     width = max([len("configuration"), *(len(r.config.label) for r in results)])
     head1 = " " * width + "  " + "  ".join(f"{call:<15}" for call in CALLS)
-    head2 = f"{'configuration':<{width}}  " + "  ".join(f"{'stock':>6} {'patched':>8}" for _ in CALLS) + "  sync-free area"
+    head2 = (
+        f"{'configuration':<{width}}  " + "  ".join(f"{'stock':>6} {'patched':>8}" for _ in CALLS) + "  sync-free area"
+    )
     lines = [head1.rstrip(), head2, "-" * len(head2)]
     for r in results:
         cells = "  ".join(f"{_cell(r, 'stock', c):>6} {_cell(r, 'patched', c):>8}" for c in CALLS)
@@ -417,7 +417,11 @@ def format_sources(results: Sequence[Result]) -> str:
 def report(results: Sequence[Result], device: torch.device | str = "cpu") -> str:
     import torchmetrics
 
-    kind = "real syncs (torch.cuda.set_sync_debug_mode)" if torch.device(device).type == "cuda" else "would-be syncs (CPU probe)"
+    kind = (
+        "real syncs (torch.cuda.set_sync_debug_mode)"
+        if torch.device(device).type == "cuda"
+        else "would-be syncs (CPU probe)"
+    )
     header = (
         f"torchmetrics {torchmetrics.__version__} | torch {torch.__version__} | device {device} | {kind} per call,"
         f" steady state | sync-free areas: {', '.join(registered_areas())}"

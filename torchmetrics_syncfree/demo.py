@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -48,9 +48,9 @@ METRIC_NAMES = ("loss", "accuracy", "precision", "recall", "f1")
 class DemoConfig:
     """Options of the demo (the command line's flags have the same names)."""
 
-    steps: Optional[int] = None  # timed steps per variant; default: 200
-    batch_size: Optional[int] = None  # default: 32 for the CNN, 128 for ResNet-18
-    num_classes: Optional[int] = None  # default: 10 for the CNN, 1000 for ResNet-18
+    steps: int | None = None  # timed steps per variant; default: 200
+    batch_size: int | None = None  # default: 32 for the CNN, 128 for ResNet-18
+    num_classes: int | None = None  # default: 10 for the CNN, 1000 for ResNet-18
     device: str = "auto"
     model: str = "auto"  # "cnn", "resnet18" or "auto" (ResNet-18 on CUDA when torchvision imports)
     variants: Sequence[str] = VARIANTS
@@ -59,7 +59,7 @@ class DemoConfig:
     warmup: int = 5
     probe_steps: int = 3
     chunk: int = 10  # variants take turns every `chunk` steps
-    threads: Optional[int] = 1  # CPU threads for torch (None: torch's default)
+    threads: int | None = 1  # CPU threads for torch (None: torch's default)
     seed: int = 0
     quiet: bool = False  # no per-window metric lines
     progress: bool = True
@@ -100,7 +100,7 @@ class DemoConfig:
 def _torchvision() -> Any:
     try:
         import torchvision
-    except Exception:  # noqa: BLE001 - a torchvision that does not match torch fails with various errors
+    except Exception:
         return None
     return torchvision
 
@@ -252,25 +252,26 @@ class DemoReport:
     sync_counting: str
     results: list[VariantResult]
     #: the stock model's outputs on a few batches fed to fresh stock and patched metrics: {"stock": ..., "patched": ...}
-    replay: Optional[dict[str, dict[str, float]]] = None
+    replay: dict[str, dict[str, float]] | None = None
 
-    def result(self, variant: str) -> Optional[VariantResult]:
+    def result(self, variant: str) -> VariantResult | None:
         return next((r for r in self.results if r.variant == variant), None)
 
-    def agreement(self) -> Optional[tuple[bool, float]]:
+    def agreement(self) -> tuple[bool, float] | None:
         """(stock and patched final values agree, largest absolute difference), if both ran."""
         stock, patched = self.result("stock"), self.result("patched")
         if stock is None or patched is None:
             return None
         return _compare(stock.final_values, patched.final_values)
 
-    def replay_agreement(self) -> Optional[tuple[bool, float]]:
+    def replay_agreement(self) -> tuple[bool, float] | None:
         """The same comparison on identical inputs, immune to nondeterministic training kernels (GPU)."""
         return None if self.replay is None else _compare(self.replay["stock"], self.replay["patched"])
 
     def agrees(self) -> bool:
         """What ``--require-agreement`` checks: identical inputs give identical values; on CPU, where training is
-        deterministic, the two training runs end with the same values too."""
+        deterministic, the two training runs end with the same values too.
+        """
         replay, training = self.replay_agreement(), self.agreement()
         if replay is not None and not replay[0]:
             return False
@@ -301,7 +302,9 @@ def _variant_context(variant: str) -> contextlib.AbstractContextManager:
         return _registry.patched()
     active = [spec.target for spec in _registry._specs.values() if spec.active]
     if active:
-        raise RuntimeError(f"the {variant!r} variant must run on stock TorchMetrics, but {len(active)} targets are patched")
+        raise RuntimeError(
+            f"the {variant!r} variant must run on stock TorchMetrics, but {len(active)} targets are patched"
+        )
     return contextlib.nullcontext()
 
 
@@ -412,7 +415,11 @@ def _run_demo(config: DemoConfig, stream: TextIO) -> DemoReport:
 
     _, image_size = build_model(config)
     batches = make_batches(config, image_size)
-    counting = "real syncs (set_sync_debug_mode)" if torch.device(config.device).type == "cuda" else "would-be syncs (CPU probe)"
+    counting = (
+        "real syncs (set_sync_debug_mode)"
+        if torch.device(config.device).type == "cuda"
+        else "would-be syncs (CPU probe)"
+    )
     stream.write(
         f"demo: {config.model} on {config.device}, batch {config.batch_size}, {config.num_classes} classes,"
         f" {config.steps} timed steps per variant ({', '.join(config.variants)}, interleaved in chunks of"
@@ -423,13 +430,17 @@ def _run_demo(config: DemoConfig, stream: TextIO) -> DemoReport:
     variants = [_Variant(variant, config, batches, progress) for variant in config.variants]
     rounds = 0
     while any(v.done < config.steps for v in variants):
-        order = variants[rounds % len(variants):] + variants[: rounds % len(variants)]
+        order = variants[rounds % len(variants) :] + variants[: rounds % len(variants)]
         for variant in order:
             variant.run(config.chunk)
             progress.update(sum(v.done for v in variants))
         rounds += 1
     results = [variant.probe() for variant in variants]
-    versions = {"torch": torch.__version__, "torchmetrics": torchmetrics.__version__, "torchmetrics_syncfree": __version__}
+    versions = {
+        "torch": torch.__version__,
+        "torchmetrics": torchmetrics.__version__,
+        "torchmetrics_syncfree": __version__,
+    }
     replay = None
     if {"stock", "patched"} <= set(config.variants):
         stock = next(v for v in variants if v.variant == "stock")
@@ -480,8 +491,10 @@ def format_report(report: DemoReport) -> str:
                 f" (max |difference| {replay[1]:.3g})"
             )
         stock, patched = report.result("stock"), report.result("patched")
-        lines += [f"  {name:<10} stock {stock.final_values[name]:.6f}  patched {patched.final_values[name]:.6f}"
-                  for name in stock.final_values]
+        lines += [
+            f"  {name:<10} stock {stock.final_values[name]:.6f}  patched {patched.final_values[name]:.6f}"
+            for name in stock.final_values
+        ]
     for r in report.results:
         if r.sync_sources:
             lines += ["", f"{r.variant}: where the syncs of one training step come from"]
