@@ -67,12 +67,13 @@ def _cases():
 
 @pytest.mark.parametrize(("metric_cls", "strategy", "stream"), list(_cases()))
 @pytest.mark.parametrize("use_forward", [False, True], ids=["update", "forward"])
-def test_same_results_warnings_and_errors_as_stock(metric_cls, strategy, stream, use_forward):
+@pytest.mark.parametrize("device_path", [False, True], ids=["cpu-path", "device-path"])
+def test_same_results_warnings_and_errors_as_stock(metric_cls, strategy, stream, use_forward, device_path):
     stock = run_stream(metric_cls, strategy, stream, patched=False, use_forward=use_forward)
-    patched = run_stream(metric_cls, strategy, stream, patched=True, use_forward=use_forward)
+    patched = run_stream(metric_cls, strategy, stream, patched=True, use_forward=use_forward, device_path=device_path)
     # bit-equal unless stock removed NaN entries and so summed other elements in another order
     exact = not has_nan(stream) or isinstance(strategy, float) or strategy in ("disable", "error")
-    assert_same_outcome(stock, patched, exact=exact)
+    assert_same_outcome(stock, patched, exact=exact, deferred=device_path)
 
 
 @cuda

@@ -46,12 +46,19 @@ def _queue(metric: Any, create: bool) -> deque | None:
     return queue
 
 
-def check(metric: Any, flag: Tensor, action: Callable[[], None]) -> None:
-    """Run ``action`` if the 0-dim bool ``flag`` is set: now on CPU, asynchronously on CUDA."""
+def check(metric: Any, flag: Tensor, action: Callable[[], None]) -> bool:
+    """Run ``action`` if the 0-dim bool ``flag`` is set: now on CPU, asynchronously on CUDA.
+
+    Returns:
+        ``False`` when the flag is known to be clear (it was read at once), ``True`` when it was set or is not read
+        yet. Callers use this to skip work that only matters when the flag is set.
+
+    """
     if flag.device.type == "cpu" and not probe.simulating_device():
         if flag:
             action()
-        return
+            return True
+        return False
     if flag.is_cuda:
         host = torch.empty((), dtype=torch.bool, pin_memory=True)
         host.copy_(flag, non_blocking=True)
@@ -60,6 +67,7 @@ def check(metric: Any, flag: Tensor, action: Callable[[], None]) -> None:
     else:  # a CPU probe simulates the device: the copy is ready at the next poll
         host, event = flag.detach().clone(), None
     _queue(metric, create=True).append((host, event, action))
+    return True
 
 
 def _drain(queue: deque, wait: bool) -> None:

@@ -244,13 +244,15 @@ class _MetricMethodDescriptor:
     def __get__(self, metric: Any, owner: type | None = None) -> Any:
         if metric is None:
             return self.spec.replacement
+        wrapper = metric.__dict__.get(self.name)
+        if getattr(getattr(wrapper, "__wrapped__", None), "__func__", None) is self.dispatcher:
+            return wrapper  # the hot path: a metric created (or already adopted) while patched
         cls = type(metric)
         direct = self._reaches_directly.get(cls)
         if direct is None:
             direct = self._reaches_directly[cls] = _lookup(cls, self.name) is self
         if not direct:
             return MethodType(self.spec.replacement, metric)
-        wrapper = metric.__dict__.get(self.name)
         if wrapper is None:
             return MethodType(self.dispatcher, metric)
         self._adopt(metric, wrapper)

@@ -79,8 +79,9 @@ def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
 def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tensor | None:
     """Entries of ``value`` that the metric's ``nan_strategy`` leaves out (or imputes), computed on the device.
 
-    Returns ``None`` for ``"disable"``. For ``"error"`` the whole batch is masked when it contains a NaN, because
-    stock never lets such a batch reach the state. Errors and warnings are raised through :mod:`_deferred`.
+    Returns ``None`` when no entry needs leaving out: for ``"disable"``, and where the check was read at once (CPU)
+    and found no NaN. For ``"error"`` the whole batch is masked when it contains a NaN, because stock never lets such
+    a batch reach the state. Errors and warnings are raised through :mod:`_deferred`.
 
     """
     strategy = metric.nan_strategy
@@ -91,11 +92,14 @@ def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tenso
         nans = nans | torch.isnan(weight)
     if strategy == "error":
         any_nan = nans.any()
-        _deferred.check(metric, any_nan, _raise_nan)
-        return any_nan.expand(nans.shape)
-    if strategy == "warn":
-        _deferred.check(metric, nans.any(), _warn_nan)
+        return any_nan.expand(nans.shape) if _deferred.check(metric, any_nan, _raise_nan) else None
+    if strategy == "warn" and not _deferred.check(metric, nans.any(), _warn_nan):
+        return None
     return nans
+
+
+def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _impute_value(metric: Any) -> float | None:
@@ -162,9 +166,9 @@ def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None
         weight = torch.broadcast_to(_to_metric_tensor(self, weight), value.shape)
     if value.numel() == 0:
         return None
-    value = value.to(self.dtype)
+    value = _as_dtype(value, self.dtype)
     if weight is not None:
-        weight = weight.to(self.dtype)
+        weight = _as_dtype(weight, self.dtype)
     mask = _nan_mask(self, value, weight)
     fill = _impute_value(self)
     if mask is not None and fill is not None:
@@ -174,20 +178,21 @@ def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None
                 mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill
             )
         mask = None
+    # the states are updated in place (no attribute assignment): the same tensors, without nn.Module.__setattr__
     if weight is None:
         if mask is None:
-            self.mean_value += value.sum()
-            self.weight += value.numel()
+            self.mean_value.add_(value.sum())
+            self.weight.add_(value.numel())
         else:
-            self.mean_value += value.masked_fill(mask, 0.0).sum()
-            self.weight += mask.logical_not().sum()
+            self.mean_value.add_(value.masked_fill(mask, 0.0).sum())
+            self.weight.add_(mask.logical_not().sum(dtype=self.weight.dtype))
         return None
     weighted = value * weight
     if mask is not None:
         weighted = weighted.masked_fill(mask, 0.0)
         weight = weight.masked_fill(mask, 0.0)
-    self.mean_value += weighted.sum()
-    self.weight += weight.sum()
+    self.mean_value.add_(weighted.sum())
+    self.weight.add_(weight.sum())
     return None
 
 
@@ -198,7 +203,7 @@ def _update_single(
     if _uses_stock_nan_check(metric):
         return _stock_update(metric, qualname, value)
     _deferred.poll(metric)
-    value = _to_metric_tensor(metric, value).to(metric.dtype)
+    value = _as_dtype(_to_metric_tensor(metric, value), metric.dtype)
     if value.numel():
         fold(_neutralise(metric, value, neutral))
     return None
