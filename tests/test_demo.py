@@ -42,7 +42,7 @@ def test_stock_syncs_at_least_twice_per_step_and_patched_loses_the_aggregation_s
 
 
 def test_stock_and_patched_agree(report):
-    agree, diff = report.agreement()
+    agree, _ = report.agreement()
     assert agree, (report.result("stock").final_values, report.result("patched").final_values)
     assert report.replay_agreement()[0], report.replay
     assert report.agrees()

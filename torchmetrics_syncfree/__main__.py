@@ -104,6 +104,7 @@ def _doc(name: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The argument parser of the command line, with its ``demo`` and ``audit`` subcommands."""
     p = argparse.ArgumentParser(
         prog="torchmetrics-syncfree", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -114,6 +115,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    """Run the demo and print its report (plot, JSON if asked); exit status 1 if ``--require-agreement`` fails."""
     from torchmetrics_syncfree.demo import DemoConfig, format_report, plot, run_demo
 
     config = DemoConfig(
@@ -151,6 +153,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 
 def run_audit_command(args: argparse.Namespace) -> int:
+    """Run the audit, print tables or JSON; exit status 2 if it cannot run, 1 if ``--strict`` fails."""
     from torchmetrics_syncfree import audit
 
     def progress(index: int, total: int, label: str) -> None:
@@ -182,6 +185,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the chosen subcommand and return its exit status."""
     args = parser().parse_args(argv)
     if args.command == "demo":
         return run_demo_command(args)

@@ -116,6 +116,7 @@ def parse_spec(spec: str) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
 
 
 def build_metric(spec: str) -> Any:
+    """A new metric instance as the specification ``spec`` describes it (parsed with :func:`parse_spec`)."""
     cls, args, kwargs = parse_spec(spec)
     return cls(*args, **kwargs)
 
@@ -198,6 +199,7 @@ class Config:
 
     @property
     def label(self) -> str:
+        """How the configuration reads in a table: the spec, plus the update call unless the inputs are ``auto``."""
         return self.spec if self.inputs == "auto" else f"{self.spec} {CALL_TEXT[self.inputs]}"
 
     @property
@@ -264,9 +266,11 @@ class Result:
     errors: dict[str, str] = field(default_factory=dict)  # mode -> error text, if the metric could not run
 
     def counts(self, mode: str) -> dict[str, int]:
+        """Number of sync events per probed call in ``mode`` (``"stock"`` or ``"patched"``)."""
         return {call: len(events) for call, events in self.events.get(mode, {}).items()}
 
     def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data: configuration, area, counts, errors and every event."""
         return {
             "config": self.config.label,
             "spec": self.config.spec,
@@ -317,6 +321,7 @@ def probe_calls(config: Config, device: torch.device) -> dict[str, list[SyncEven
 
 
 def audit_config(config: Config, device: torch.device | str = "cpu") -> Result:
+    """Probe one configuration stock, then patched; a mode in which the metric fails records its error instead."""
     device = torch.device(device)
     result = Result(config)
     for mode in MODES:
@@ -373,6 +378,7 @@ def _cell(result: Result, mode: str, call: str) -> str:
 
 
 def format_table(results: Sequence[Result]) -> str:
+    """A text table of sync counts per call, stock vs patched, one row per configuration."""
     width = max([len("configuration"), *(len(r.config.label) for r in results)])
     head1 = " " * width + "  " + "  ".join(f"{call:<15}" for call in CALLS)
     head2 = (
@@ -415,6 +421,7 @@ def format_sources(results: Sequence[Result]) -> str:
 
 
 def report(results: Sequence[Result], device: torch.device | str = "cpu") -> str:
+    """The text report: a header (versions, device, sync-free areas), the count table and the sync sources."""
     import torchmetrics
 
     kind = (
@@ -430,6 +437,7 @@ def report(results: Sequence[Result], device: torch.device | str = "cpu") -> str
 
 
 def to_json(results: Sequence[Result], device: torch.device | str = "cpu") -> str:
+    """The results as indented JSON, with the torch and TorchMetrics versions, the device and sync-free areas."""
     import torchmetrics
 
     payload = {

@@ -123,6 +123,7 @@ class SmallCNN(nn.Module):
         self.classifier = nn.Linear(32, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits ``(batch, num_classes)`` for images ``(batch, 3, height, width)``."""
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
@@ -166,18 +167,20 @@ class MetricSet:
         }
 
     def update(self, loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
+        """Feed one step's loss to the loss mean and its logits and targets to the classification metrics."""
         self.loss.update(loss)
         for metric in self.classification.values():
             metric.update(logits, target)
 
     def compute(self) -> dict[str, float]:
-        """compute() and .item() every metric (the synchronizing read a logger makes), then reset()."""
+        """Every metric's value as a float, read as a logger does (compute, then ``.item()``: a sync); then reset."""
         values = {"loss": self.loss.compute().item()}
         values.update({name: metric.compute().mean().item() for name, metric in self.classification.items()})
         self.reset()
         return values
 
     def reset(self) -> None:
+        """Reset the loss mean and every classification metric."""
         self.loss.reset()
         for metric in self.classification.values():
             metric.reset()
@@ -194,6 +197,7 @@ class Progress:
         self.next_mark = 0
 
     def update(self, done: int) -> None:
+        """Show ``done`` of ``total`` steps finished: redrawn at most every 0.1 s on a terminal, else per quarter."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -214,6 +218,7 @@ class Progress:
             self.next_mark = (done * 4) // max(self.total, 1) + 1
 
     def message(self, text: str) -> None:
+        """Write ``text`` as a line of its own, clearing the progress bar first on a terminal."""
         if self.tty:
             self.stream.write("\r\033[K")
         self.stream.write(text + "\n")
@@ -222,6 +227,8 @@ class Progress:
 
 @dataclass
 class VariantResult:
+    """What one variant measured: timed steps, step times, syncs per step by kind and source, final values."""
+
     variant: str
     steps: int
     seconds: float
@@ -233,10 +240,12 @@ class VariantResult:
 
     @property
     def steps_per_s(self) -> float:
+        """Timed training steps per second."""
         return self.steps / self.seconds
 
     @property
     def ms_per_step(self) -> float:
+        """Mean wall time of one timed step, in milliseconds."""
         return 1000 * self.seconds / self.steps
 
 
@@ -247,6 +256,8 @@ def _compare(a: dict[str, float], b: dict[str, float]) -> tuple[bool, float]:
 
 @dataclass
 class DemoReport:
+    """One demo run: resolved configuration, versions, how syncs were counted, per-variant results, replay."""
+
     config: dict[str, Any]
     versions: dict[str, str]
     sync_counting: str
@@ -255,6 +266,7 @@ class DemoReport:
     replay: dict[str, dict[str, float]] | None = None
 
     def result(self, variant: str) -> VariantResult | None:
+        """The result of ``variant``, or ``None`` if that variant did not run."""
         return next((r for r in self.results if r.variant == variant), None)
 
     def agreement(self) -> tuple[bool, float] | None:
@@ -269,8 +281,10 @@ class DemoReport:
         return None if self.replay is None else _compare(self.replay["stock"], self.replay["patched"])
 
     def agrees(self) -> bool:
-        """What ``--require-agreement`` checks: identical inputs give identical values; on CPU, where training is
-        deterministic, the two training runs end with the same values too.
+        """Whether stock and patched agree, as ``--require-agreement`` checks.
+
+        Identical inputs (the replay) must give identical values; on CPU, where training is deterministic, the two
+        training runs must end with the same values too.
         """
         replay, training = self.replay_agreement(), self.agreement()
         if replay is not None and not replay[0]:
@@ -279,6 +293,7 @@ class DemoReport:
         return not (cpu and training is not None and not training[0])
 
     def to_json(self) -> str:
+        """The report as indented JSON, with the training and replay agreements added."""
         payload = asdict(self)
         agreement = self.agreement()
         payload["agreement"] = None if agreement is None else {"agree": agreement[0], "max_abs_diff": agreement[1]}
@@ -458,18 +473,21 @@ def _kinds(result: VariantResult) -> str:
 
 
 def format_report(report: DemoReport) -> str:
+    """The report as text: speed and syncs per variant, stock-vs-patched agreement, where the syncs come from."""
     none = report.result("none")
     lines = [
         f"torch {report.versions['torch']} | torchmetrics {report.versions['torchmetrics']} |"
         f" torchmetrics_syncfree {report.versions['torchmetrics_syncfree']} | {report.config['model']} on"
         f" {report.config['device']}, batch {report.config['batch_size']}, {report.config['steps']} steps",
         "",
-        f"{'variant':<8} {'steps/s':>8} {'ms/step':>8} {'vs none':>8} {'syncs/step':>11}  kinds ({report.sync_counting})",
+        f"{'variant':<8} {'steps/s':>8} {'ms/step':>8} {'vs none':>8} {'syncs/step':>11}"
+        f"  kinds ({report.sync_counting})",
     ]
     for r in report.results:
         overhead = f"{100 * (r.ms_per_step / none.ms_per_step - 1):+.0f}%" if none and r is not none else "-"
         lines.append(
-            f"{r.variant:<8} {r.steps_per_s:>8.1f} {r.ms_per_step:>8.2f} {overhead:>8} {r.syncs_per_step:>11g}  {_kinds(r)}"
+            f"{r.variant:<8} {r.steps_per_s:>8.1f} {r.ms_per_step:>8.2f} {overhead:>8} {r.syncs_per_step:>11g}"
+            f"  {_kinds(r)}"
         )
     if torch.device(report.config["device"]).type == "cpu":
         lines += [
@@ -487,7 +505,8 @@ def format_report(report: DemoReport) -> str:
         replay = report.replay_agreement()
         if replay is not None:
             lines.append(
-                f"same model outputs replayed through fresh stock and patched metrics agree: {'yes' if replay[0] else 'NO'}"
+                "same model outputs replayed through fresh stock and patched metrics agree:"
+                f" {'yes' if replay[0] else 'NO'}"
                 f" (max |difference| {replay[1]:.3g})"
             )
         stock, patched = report.result("stock"), report.result("patched")
