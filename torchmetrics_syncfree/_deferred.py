@@ -87,6 +87,8 @@ def _drain(queue: deque, wait: bool) -> None:
 
 def poll(metric: Any) -> None:
     """Run the actions of every check of ``metric`` that has completed; never waits."""
+    if not _pending:  # nothing queued for any metric: always so on CPU, where checks are read at once
+        return
     queue = _queue(metric, create=False)
     if queue:
         _drain(queue, wait=False)
@@ -115,6 +117,8 @@ def inside_forward(metric: Any) -> bool:
 
 def report_pending(metric: Any) -> None:
     """What ``compute()`` does first: everything pending, except inside ``forward()`` where it must not wait."""
+    if not _pending:
+        return
     if inside_forward(metric):
         poll(metric)
     else:
