@@ -32,6 +32,7 @@ from torchmetrics_syncfree.probe import SyncEvent, SyncProbe
 __version__ = "0.1.0"
 
 register_area("aggregation", "torchmetrics_syncfree.aggregation")
+register_area("classification", "torchmetrics_syncfree.classification")
 
 __all__ = [
     "FORCE_ENV_VAR",
