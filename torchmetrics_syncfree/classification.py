@@ -62,8 +62,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
+from torchmetrics.functional.classification.stat_scores import _refine_preds_oh
 from torchmetrics.utilities.checks import _check_same_shape
-from torchmetrics.utilities.data import select_topk
+from torchmetrics.utilities.data import _bincount, select_topk
+from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred, probe
 from torchmetrics_syncfree._registry import get_original, replaces
@@ -350,10 +352,8 @@ def _one_hot(labels: Tensor, num_classes: int) -> Tensor:
 
 def _count(index: Tensor, size: int) -> Tensor:
     """``torch.bincount(index, minlength=size)`` for ``0 <= index < size``, with a fixed output shape."""
-    from torchmetrics.utilities import data
-
-    if torch.are_deterministic_algorithms_enabled() or getattr(data, "_XLA_AVAILABLE", False) or index.is_mps:
-        return _stock("torchmetrics.utilities.data._bincount")(index, minlength=size)
+    if torch.are_deterministic_algorithms_enabled() or _XLA_AVAILABLE or index.is_mps:
+        return _bincount(index, minlength=size)  # upstream's fixed-shape fallback for these cases
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
 
 
@@ -410,7 +410,7 @@ def _one_hot_counts(
     width = num_classes + 1 if ignore_out else num_classes
     if top_k > 1:
         preds_oh = torch.movedim(select_topk(preds, topk=top_k, dim=1), 1, -1)
-        preds_oh = _stock(f"{_FUNCTIONAL}._refine_preds_oh")(preds, preds_oh, target, top_k)
+        preds_oh = _refine_preds_oh(preds, preds_oh, target, top_k)
     else:
         preds_oh = _one_hot(preds.long(), width)
     target_oh = _one_hot(target.long(), width)
