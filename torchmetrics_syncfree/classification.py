@@ -242,6 +242,9 @@ def _raise_not_a_class(preds: Tensor, target: Tensor, num_classes: int, ignore_i
         raise RuntimeError(
             f"Detected the following values in `{name}`: {found} but expected only class labels in {allowed}."
         )
+    raise RuntimeError(  # the tensors were changed in place after the update: name the problem anyway
+        f"Detected values outside [0, {num_classes - 1}] in `target` or `preds` (ignore_index={ignore_index})."
+    )
 
 
 @replaces(
