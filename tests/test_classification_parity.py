@@ -6,12 +6,11 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from _classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, config_id, configs, cuda, make_metric
 from torch import Tensor
 
 import torchmetrics_syncfree
 from torchmetrics_syncfree import SyncProbe
-
-from _classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, config_id, configs, cuda, make_metric
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
 
@@ -35,7 +34,9 @@ def _assert_identical(stock: list[Tensor], patched: list[Tensor], label: str = "
     assert len(stock) == len(patched)
     for i, (s, p) in enumerate(zip(stock, patched)):
         where = f"{label} value {i}"
-        assert (p.dtype, p.shape) == (s.dtype, s.shape), f"{where}: {p.dtype}{tuple(p.shape)} vs {s.dtype}{tuple(s.shape)}"
+        assert (p.dtype, p.shape) == (s.dtype, s.shape), (
+            f"{where}: {p.dtype}{tuple(p.shape)} vs {s.dtype}{tuple(s.shape)}"
+        )
         torch.testing.assert_close(p, s, rtol=0, atol=0, equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
 
 
@@ -83,7 +84,9 @@ _MULTICLASS_OTHER = (
 
 def _multiclass_other_case(name: str, average: str, kwargs: dict) -> Case:
     samplewise = kwargs.get("multidim_average") == "samplewise"
-    data = [(p, t) for p, t in batches("multiclass", kwargs.get("ignore_index"), seed=7) if t.ndim == 2 or not samplewise]
+    data = [
+        (p, t) for p, t in batches("multiclass", kwargs.get("ignore_index"), seed=7) if t.ndim == 2 or not samplewise
+    ]
     if kwargs.get("top_k", 1) > 1:
         data = [(p, t) for p, t in data if p.is_floating_point() and t.ndim == 1]  # 1.6 top_k>1 needs (N, C)
     return (lambda: make_metric(name, "multiclass", average, **kwargs)), data
@@ -92,12 +95,14 @@ def _multiclass_other_case(name: str, average: str, kwargs: dict) -> Case:
 @pytest.mark.parametrize("name", ["Accuracy", "Precision", "F1Score", "StatScores"])
 def test_parity_multiclass_other_arguments(name: str) -> None:
     """top_k=2, samplewise and zero_division=1, with and without ignore_index."""
-    _parity({
-        f"{average}-{kwargs}": _multiclass_other_case(name, average, kwargs)
-        for average in ("micro", "macro", "none")
-        for kwargs in _MULTICLASS_OTHER
-        if not ("zero_division" in kwargs and name in ("Accuracy", "StatScores"))
-    })
+    _parity(
+        {
+            f"{average}-{kwargs}": _multiclass_other_case(name, average, kwargs)
+            for average in ("micro", "macro", "none")
+            for kwargs in _MULTICLASS_OTHER
+            if not ("zero_division" in kwargs and name in ("Accuracy", "StatScores"))
+        }
+    )
 
 
 def test_parity_binary_multilabel_other_arguments() -> None:
@@ -106,7 +111,10 @@ def test_parity_binary_multilabel_other_arguments() -> None:
         ndim = 2 if task == "binary" else 3
         for kwargs in ({"multidim_average": "samplewise"}, {"zero_division": 1}, {"threshold": 0.3}):
             data = [(p, t) for p, t in batches(task, -1, seed=3) if t.ndim == ndim or "multidim_average" not in kwargs]
-            cases[f"{task}-{kwargs}"] = (lambda task=task, kwargs=kwargs: make_metric("Recall", task, "macro", -1, **kwargs)), data
+            cases[f"{task}-{kwargs}"] = (
+                (lambda task=task, kwargs=kwargs: make_metric("Recall", task, "macro", -1, **kwargs)),
+                data,
+            )
     _parity(cases)
 
 
@@ -145,7 +153,11 @@ _INVALID = {
     "multilabel": (torch.rand(2, NUM_CLASSES), torch.tensor([[0, 1, 3, 0, 0, 1], [1, 0, 0, 0, 1, 1]]), "`target`"),
     "multiclass": (torch.randn(4, NUM_CLASSES), torch.tensor([0, NUM_CLASSES, 2, 1]), "`target`"),
     "multiclass-negative": (torch.randn(4, NUM_CLASSES), torch.tensor([0, -3, 2, 1]), "`target`"),
-    "multiclass-label-preds": (torch.arange(NUM_CLASSES + 1), torch.zeros(NUM_CLASSES + 1, dtype=torch.long), "`preds`"),
+    "multiclass-label-preds": (
+        torch.arange(NUM_CLASSES + 1),
+        torch.zeros(NUM_CLASSES + 1, dtype=torch.long),
+        "`preds`",
+    ),
 }
 
 

@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 import torch
+from _classification_cases import METRICS, TASK_AVERAGES, batches, config_id, configs, cuda, make_metric
 
 import torchmetrics_syncfree
 from torchmetrics_syncfree import SyncProbe, _deferred, probe
-
-from _classification_cases import METRICS, TASK_AVERAGES, batches, config_id, configs, cuda, make_metric
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
 

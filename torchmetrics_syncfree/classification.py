@@ -61,8 +61,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
-from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.functional.classification.stat_scores import _refine_preds_oh
+from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import _bincount, select_topk
 from torchmetrics.utilities.imports import _XLA_AVAILABLE
@@ -479,6 +479,6 @@ def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
 
 @replaces(f"{_MODULE}._AbstractStatScores._final_state", params=("self",))
 def _final_state(self: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """First line of every stat-score ``compute()``: report the checks of earlier updates (waits only outside forward)."""
+    """First line of every stat-score ``compute()``: report the checks of earlier updates (waits outside forward)."""
     _deferred.report_pending(self)
     return _stock(f"{_MODULE}._AbstractStatScores._final_state")(self)
