@@ -365,8 +365,8 @@ def _confusion_counts(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """tp/fp/tn/fn per class from a confusion matrix counted into ``C**2`` cells plus one dropped cell."""
     preds, target = preds.flatten().long(), target.flatten().long()
-    valid = (target >= 0) & (target < num_classes) & (preds >= 0) & (preds < num_classes)
-    if ignore_index is not None:
+    valid = (torch.minimum(target, preds) >= 0) & (torch.maximum(target, preds) < num_classes)
+    if ignore_index is not None and 0 <= ignore_index < num_classes:  # any other ignore_index is invalid already
         valid &= target != ignore_index
     cells = num_classes * num_classes
     bins = _count(torch.where(valid, target * num_classes + preds, cells), cells + 1)
