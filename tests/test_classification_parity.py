@@ -225,3 +225,15 @@ def test_validate_args_false_drops_out_of_range_labels(syncfree: Any) -> None:
     reference = make_metric("StatScores", "multiclass", "none")
     reference.update(preds[[0, 2, 3]], target[[0, 2, 3]])
     torch.testing.assert_close(metric.compute(), reference.compute())
+
+
+def test_functional_validation_is_stock(syncfree: Any) -> None:
+    """Without a metric there is no later point to report at: the functional API validates like stock, at once."""
+    from torchmetrics.functional.classification import binary_accuracy, multiclass_stat_scores
+
+    preds, target, _ = _INVALID["multiclass-label-preds"]
+    with pytest.raises(RuntimeError, match="Detected more unique values in `preds`"):
+        multiclass_stat_scores(preds, target, num_classes=NUM_CLASSES)
+    preds, target, _ = _INVALID["binary"]
+    with pytest.raises(RuntimeError, match="Detected the following values in `target`"):
+        binary_accuracy(preds, target)

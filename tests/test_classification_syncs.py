@@ -121,6 +121,7 @@ def test_multiclass_other_arguments_sync_free(syncfree: Any, kwargs: dict, ignor
     assert p.count == 0, p.summary()
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric")
 def test_zero_division_warn_is_deferred(syncfree: Any) -> None:
     """``_safe_divide(..., "warn")`` inside a patched update warns through the metric, without a host read."""
     from torchmetrics.utilities.compute import _safe_divide
