@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 
 register_area("aggregation", "torchmetrics_syncfree.aggregation")
 register_area("distributed", "torchmetrics_syncfree.distributed")
+register_area("classification", "torchmetrics_syncfree.classification")
 
 __all__ = [
     "FORCE_ENV_VAR",

@@ -16,13 +16,20 @@ nothing is lost.
 While a CPU :class:`~torchmetrics_syncfree.probe.SyncProbe` is active, CPU flags take the CUDA path (a host copy
 that counts as ready at the next poll), so the probe sees what a GPU run would do.
 
+Helpers deep inside TorchMetrics' functional code (input validation, ``_safe_divide``) have no metric argument. A
+patched ``update`` runs them inside :func:`reporting_to`, which makes the metric *current* for this thread/task
+(a :class:`~contextvars.ContextVar`); such helpers call :func:`check_current`, which files the check with the current
+metric or, when there is none (the functional API), acts at once like stock (a host read, i.e. a sync on CUDA).
+
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -32,6 +39,8 @@ from torchmetrics_syncfree import probe
 
 # metric id -> (weak reference to the metric, queue of (host flag, CUDA event or None, action))
 _pending: dict[int, tuple[weakref.ref, deque]] = {}
+# the metric whose update is running in this thread/task (see reporting_to)
+_current: ContextVar[Any | None] = ContextVar("torchmetrics_syncfree_current_metric", default=None)
 
 
 def _queue(metric: Any, create: bool) -> deque | None:
@@ -123,3 +132,30 @@ def report_pending(metric: Any) -> None:
         poll(metric)
     else:
         flush(metric)
+
+
+def current() -> Any | None:
+    """The metric made current by :func:`reporting_to`, or ``None`` outside a patched ``update``."""
+    return _current.get()
+
+
+@contextmanager
+def reporting_to(metric: Any) -> Iterator[None]:
+    """Make ``metric`` current for the block: :func:`check_current` files its checks with it."""
+    token = _current.set(metric)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def check_current(flag: Tensor, action: Callable[[], None]) -> None:
+    """:func:`check` for the current metric; without one, run ``action`` at once if ``flag`` is set (stock timing).
+
+    The fallback reads ``flag`` on the host, as stock does: the functional API has no later point to report at.
+    """
+    metric = _current.get()
+    if metric is not None:
+        check(metric, flag, action)
+    elif flag:
+        action()

@@ -1,0 +1,100 @@
+"""Configurations and random batches shared by the classification sync and parity tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torchmetrics
+from torch import Tensor
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+
+NUM_CLASSES = 6
+#: classes ``ABSENT`` and up never occur in preds or target of the default batches: zero division in compute()
+ABSENT = 4
+METRICS = ("Accuracy", "Precision", "Recall", "F1Score", "FBetaScore", "Specificity", "StatScores")
+TASK_AVERAGES = (
+    ("binary", "micro"),
+    *(("multiclass", a) for a in ("micro", "macro", "weighted", "none")),
+    *(("multilabel", a) for a in ("micro", "macro", "weighted", "none")),
+)
+#: ignore_index values per task: outside the labels, and (multiclass) one of the classes
+IGNORE = {"binary": (None, -1), "multiclass": (None, -1, 1), "multilabel": (None, -1)}
+
+
+def make_metric(name: str, task: str, average: str, ignore_index: int | None = None, **kwargs: Any) -> Any:
+    """A task metric with the given configuration (``average`` is ignored for binary)."""
+    args: dict[str, Any] = {"task": task, "ignore_index": ignore_index, **kwargs}
+    if task == "multiclass":
+        args["num_classes"] = NUM_CLASSES
+    if task == "multilabel":
+        args["num_labels"] = NUM_CLASSES
+    if task != "binary":
+        args["average"] = average
+    if name == "FBetaScore":
+        args["beta"] = 2.0
+    return getattr(torchmetrics, name)(**args)
+
+
+def _ignore(target: Tensor, ignore_index: int | None, gen: torch.Generator, p: float = 0.25) -> Tensor:
+    if ignore_index is None:
+        return target
+    return target.masked_fill(torch.rand(target.shape, generator=gen) < p, ignore_index)
+
+
+def batches(task: str, ignore_index: int | None, seed: int, n: int = 16) -> list[tuple[Tensor, Tensor]]:
+    """Random valid batches: probabilities, logits and labels, extra dimensions, a batch with only class/label 0,
+    and (with ``ignore_index``) a batch whose targets are all ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(5):
+        extra = (3,) if i == 3 else ()
+        if task == "binary":
+            preds: Tensor = torch.rand((n, *extra), generator=gen)
+            if i == 1:
+                preds = torch.randn((n, *extra), generator=gen) * 3  # logits
+            if i == 2:
+                preds = torch.randint(0, 2, (n, *extra), generator=gen)
+            target = torch.randint(0, 2, (n, *extra), generator=gen)
+            if i == 4:
+                target = torch.zeros_like(target)
+        elif task == "multiclass":
+            logits = torch.randn((n, NUM_CLASSES, *extra), generator=gen)
+            logits[:, ABSENT:] = -1e4  # never predicted
+            preds = logits.softmax(1) if i == 0 else logits
+            if i == 2:
+                preds = logits.argmax(1)
+            target = torch.randint(0, ABSENT, (n, *extra), generator=gen)
+            if i == 4:
+                target = torch.zeros_like(target)
+        else:
+            preds = torch.rand((n, NUM_CLASSES, *extra), generator=gen)
+            if i == 1:
+                preds = torch.randn((n, NUM_CLASSES, *extra), generator=gen) * 3
+            if i == 2:
+                preds = torch.randint(0, 2, (n, NUM_CLASSES, *extra), generator=gen)
+            target = torch.randint(0, 2, (n, NUM_CLASSES, *extra), generator=gen)
+            target[:, ABSENT:] = 0  # labels that are never positive
+            if i == 4:
+                target = torch.zeros_like(target)
+        out.append((preds, _ignore(target, ignore_index, gen)))
+    if ignore_index is not None:
+        preds, target = out[0]
+        out.append((preds, torch.full_like(target, ignore_index)))
+    return out
+
+
+def configs(metrics: tuple[str, ...] = METRICS) -> list[tuple[str, str, str, int | None]]:
+    """(metric name, task, average, ignore_index) for every combination."""
+    return [
+        (name, task, average, ignore_index)
+        for name in metrics
+        for task, average in TASK_AVERAGES
+        for ignore_index in IGNORE[task]
+    ]
+
+
+def config_id(config: tuple[Any, ...]) -> str:
+    return "-".join(str(part) for part in config)

@@ -1,0 +1,240 @@
+"""Patched vs stock classification metrics: identical forward() and compute() values, and invalid inputs rejected."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from _classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, config_id, configs, cuda, make_metric
+from torch import Tensor
+
+import torchmetrics_syncfree
+from torchmetrics_syncfree import SyncProbe
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
+
+
+Case = tuple[Callable[[], Any], list[tuple[Tensor, Tensor]]]
+
+
+def _run(make: Callable[[], Any], data: list[tuple[Tensor, Tensor]], device: str) -> list[Tensor]:
+    """forward() of every batch and compute() after them, then compute() after plain update()s."""
+    metric = make().to(device)
+    out = [metric(preds.to(device), target.to(device)) for preds, target in data]
+    out.append(metric.compute())
+    other = make().to(device)
+    for preds, target in data:
+        other.update(preds.to(device), target.to(device))
+    out.append(other.compute())
+    return [value.cpu() for value in out]
+
+
+def _assert_identical(stock: list[Tensor], patched: list[Tensor], label: str = "") -> None:
+    assert len(stock) == len(patched)
+    for i, (s, p) in enumerate(zip(stock, patched)):
+        where = f"{label} value {i}"
+        assert (p.dtype, p.shape) == (s.dtype, s.shape), (
+            f"{where}: {p.dtype}{tuple(p.shape)} vs {s.dtype}{tuple(s.shape)}"
+        )
+        torch.testing.assert_close(p, s, rtol=0, atol=0, equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
+
+
+def _parity(cases: dict[str, Case], device: str = "cpu") -> None:
+    """Run every case stock, then patched (one patch cycle for all: patching is the slow part), and compare."""
+    stock = {label: _run(make, data, device) for label, (make, data) in cases.items()}
+    with torchmetrics_syncfree.patched():
+        patched = {label: _run(make, data, device) for label, (make, data) in cases.items()}
+    for label in cases:
+        _assert_identical(stock[label], patched[label], label)
+
+
+def _default_case(config: tuple) -> Case:
+    name, task, average, ignore_index = config
+    data = batches(task, ignore_index, seed=sum(map(ord, config_id(config))))
+    return (lambda: make_metric(name, task, average, ignore_index)), data
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", METRICS)
+def test_parity_default_arguments(name: str, device: str) -> None:
+    """Every task x average x ignore_index of one metric (including all-ignored batches and zero division)."""
+    _parity({config_id(config): _default_case(config) for config in configs((name,))}, device)
+
+
+def test_parity_data_has_zero_division() -> None:
+    """The batches leave classes ABSENT.. unused, so per-class scores divide 0 by 0 (a test that can fail)."""
+    metric = make_metric("Precision", "multiclass", "none")
+    for preds, target in batches("multiclass", None, seed=0):
+        metric.update(preds, target)
+    tp, fp = metric.tp, metric.fp
+    assert (tp[ABSENT:] + fp[ABSENT:] == 0).all() and (tp[:ABSENT] + fp[:ABSENT] > 0).all()
+
+
+_MULTICLASS_OTHER = (
+    {"top_k": 2},
+    {"top_k": 2, "ignore_index": -1},
+    {"top_k": 2, "ignore_index": 1},
+    {"multidim_average": "samplewise"},
+    {"multidim_average": "samplewise", "ignore_index": -1},
+    {"multidim_average": "samplewise", "ignore_index": 1},
+    {"zero_division": 1},
+)
+
+
+def _multiclass_other_case(name: str, average: str, kwargs: dict) -> Case:
+    samplewise = kwargs.get("multidim_average") == "samplewise"
+    data = [
+        (p, t) for p, t in batches("multiclass", kwargs.get("ignore_index"), seed=7) if t.ndim == 2 or not samplewise
+    ]
+    if kwargs.get("top_k", 1) > 1:
+        data = [(p, t) for p, t in data if p.is_floating_point() and t.ndim == 1]  # 1.6 top_k>1 needs (N, C)
+    return (lambda: make_metric(name, "multiclass", average, **kwargs)), data
+
+
+@pytest.mark.parametrize("name", ["Accuracy", "Precision", "F1Score", "StatScores"])
+def test_parity_multiclass_other_arguments(name: str) -> None:
+    """top_k=2, samplewise and zero_division=1, with and without ignore_index."""
+    _parity(
+        {
+            f"{average}-{kwargs}": _multiclass_other_case(name, average, kwargs)
+            for average in ("micro", "macro", "none")
+            for kwargs in _MULTICLASS_OTHER
+            if not ("zero_division" in kwargs and name in ("Accuracy", "StatScores"))
+        }
+    )
+
+
+def test_parity_binary_multilabel_other_arguments() -> None:
+    cases = {}
+    for task in ("binary", "multilabel"):
+        ndim = 2 if task == "binary" else 3
+        for kwargs in ({"multidim_average": "samplewise"}, {"zero_division": 1}, {"threshold": 0.3}):
+            data = [(p, t) for p, t in batches(task, -1, seed=3) if t.ndim == ndim or "multidim_average" not in kwargs]
+            cases[f"{task}-{kwargs}"] = (
+                (lambda task=task, kwargs=kwargs: make_metric("Recall", task, "macro", -1, **kwargs)),
+                data,
+            )
+    _parity(cases)
+
+
+def test_parity_deterministic_mode() -> None:
+    """Deterministic algorithms: upstream's mesh counting, same results."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        data = batches("multiclass", -1, seed=11)
+        _parity({"weighted": ((lambda: make_metric("F1Score", "multiclass", "weighted", -1)), data)})
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def test_functional_api_parity() -> None:
+    from torchmetrics.functional.classification import multiclass_f1_score, multilabel_precision
+
+    preds, target = batches("multiclass", -1, seed=5)[1]
+    stock = multiclass_f1_score(preds, target, NUM_CLASSES, average="macro", ignore_index=-1)
+    with torchmetrics_syncfree.patched():
+        patched = multiclass_f1_score(preds, target, NUM_CLASSES, average="macro", ignore_index=-1)
+    _assert_identical([stock], [patched])
+    preds, target = batches("multilabel", None, seed=5)[0]
+    stock = multilabel_precision(preds, target, NUM_CLASSES, average="none")
+    with torchmetrics_syncfree.patched():
+        patched = multilabel_precision(preds, target, NUM_CLASSES, average="none")
+    _assert_identical([stock], [patched])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# invalid inputs
+
+_INVALID = {
+    "binary": (torch.tensor([0.2, 0.7, 0.9, 0.1]), torch.tensor([0, 1, 2, 1]), "`target`"),
+    "binary-label-preds": (torch.tensor([0, 1, 3, 1]), torch.tensor([0, 1, 1, 1]), "`preds`"),
+    "multilabel": (torch.rand(2, NUM_CLASSES), torch.tensor([[0, 1, 3, 0, 0, 1], [1, 0, 0, 0, 1, 1]]), "`target`"),
+    "multiclass": (torch.randn(4, NUM_CLASSES), torch.tensor([0, NUM_CLASSES, 2, 1]), "`target`"),
+    "multiclass-negative": (torch.randn(4, NUM_CLASSES), torch.tensor([0, -3, 2, 1]), "`target`"),
+    "multiclass-label-preds": (
+        torch.arange(NUM_CLASSES + 1),
+        torch.zeros(NUM_CLASSES + 1, dtype=torch.long),
+        "`preds`",
+    ),
+}
+
+
+def _invalid_metric(case: str) -> Any:
+    return make_metric("Accuracy", case.split("-")[0], "macro")
+
+
+def _stock_error(case: str) -> BaseException:
+    """What stock raises for the case (called unpatched)."""
+    preds, target, _ = _INVALID[case]
+    with pytest.raises(Exception) as info:
+        _invalid_metric(case).update(preds, target)
+    return info.value
+
+
+@pytest.mark.parametrize("case", list(_INVALID))
+def test_invalid_input_raises_stock_error_type(case: str) -> None:
+    """CPU: at once in update(). Under a CPU probe (the CUDA path): update() reads nothing on the host and compute()
+    raises; forward() raises from its own compute()."""
+    preds, target, names = _INVALID[case]
+    expected = type(_stock_error(case))
+    with torchmetrics_syncfree.patched():
+        with pytest.raises(expected, match=names):
+            _invalid_metric(case).update(preds, target)
+        metric = _invalid_metric(case)
+        with SyncProbe() as probe:
+            metric.update(preds, target)
+        assert probe.count == 0, probe.summary()
+        with pytest.raises(expected, match=names):
+            metric.compute()
+        with SyncProbe(), pytest.raises(expected, match=names):
+            _invalid_metric(case)(preds, target)
+
+
+def test_invalid_input_raises_at_next_update_on_device(syncfree: Any) -> None:
+    preds, target, _ = _INVALID["binary"]
+    metric = _invalid_metric("binary")
+    with SyncProbe():
+        metric.update(preds, target)
+        with pytest.raises(RuntimeError, match="Detected the following values in `target`"):
+            metric.update(preds, target.clamp(max=1))
+    assert _deferred_pending(metric) == 0
+
+
+def _deferred_pending(metric: Any) -> int:
+    from torchmetrics_syncfree import _deferred
+
+    return _deferred.pending(metric)
+
+
+def test_invalid_multiclass_message_is_stock_where_stock_raises() -> None:
+    preds, target, _ = _INVALID["multiclass-label-preds"]
+    stock = _stock_error("multiclass-label-preds")
+    with torchmetrics_syncfree.patched(), pytest.raises(RuntimeError) as patched:
+        _invalid_metric("multiclass").update(preds, target)
+    assert str(patched.value) == str(stock)
+
+
+def test_validate_args_false_drops_out_of_range_labels(syncfree: Any) -> None:
+    """Deviation: stock fails in reshape (or miscounts); patched counts only the valid entries."""
+    preds = torch.tensor([0, 1, 2, 2])
+    target = torch.tensor([0, NUM_CLASSES + 3, 2, 1])
+    metric = make_metric("StatScores", "multiclass", "none", validate_args=False)
+    metric.update(preds, target)
+    reference = make_metric("StatScores", "multiclass", "none")
+    reference.update(preds[[0, 2, 3]], target[[0, 2, 3]])
+    torch.testing.assert_close(metric.compute(), reference.compute())
+
+
+def test_functional_validation_is_stock(syncfree: Any) -> None:
+    """Without a metric there is no later point to report at: the functional API validates like stock, at once."""
+    from torchmetrics.functional.classification import binary_accuracy, multiclass_stat_scores
+
+    preds, target, _ = _INVALID["multiclass-label-preds"]
+    with pytest.raises(RuntimeError, match="Detected more unique values in `preds`"):
+        multiclass_stat_scores(preds, target, num_classes=NUM_CLASSES)
+    preds, target, _ = _INVALID["binary"]
+    with pytest.raises(RuntimeError, match="Detected the following values in `target`"):
+        binary_accuracy(preds, target)

@@ -1,0 +1,485 @@
+"""Sync-free ``torchmetrics.classification``: Accuracy, Precision, Recall, F1Score/FBetaScore, Specificity, StatScores.
+
+Every one of these metrics (binary, multiclass, multilabel) is a ``_AbstractStatScores``: its ``update`` is the
+``*StatScores.update`` of its task and its ``compute`` reduces the four counters with ``_safe_divide`` and
+``_adjust_weights_safe_divide``. Patching those shared pieces covers all of them (and the other stat-score metrics
+built on the same base, e.g. HammingDistance, NegativePredictiveValue).
+
+Where stock TorchMetrics synchronizes (see ``shared/reference/findings.md``) and what replaces it:
+
+==================================================  ===========================================================
+stock                                                sync-free
+==================================================  ===========================================================
+``_safe_divide``: ``torch.tensor(zd).to(dev)``       ``torch.full((), zd, device=dev)``: a kernel argument
+(1.6-1.8, a host-to-device copy)
+``_safe_divide(..., "warn")``: ``if any(denom==0)``  the flag is checked through ``_deferred`` (warns on CUDA at
+                                                     the next update or compute)
+``_adjust_weights_safe_divide``:                     ``masked_fill`` (same values, no data-dependent shape)
+``weights[mask] = 0.0``
+multiclass macro/weighted/none ``update``:           counts ``target * C + preds`` with ``scatter_add_`` into a
+``torch.bincount`` (reads the input's max on CUDA)   fixed ``C**2 + 1`` buffer whose last bin takes ignored and
+                                                     out-of-range entries and is dropped; in deterministic mode,
+                                                     on MPS and with XLA upstream's ``_bincount`` mesh path
+                                                     (fixed shapes as well) is used, as upstream does
+``ignore_index``: ``preds[target != ii]`` (multi-    ignored entries stay in place: masked out of the sums
+class), ``target[idx] = -1`` (binary/multilabel),    (micro), routed to the dropped bin (macro/weighted/none),
+``target_oh[mask, :] = -1`` (top_k > 1/samplewise)   ``masked_fill`` (the others)
+``validate_args``: ``torch.unique`` + ``if ...:``    value checks computed on the device into one flag per
+                                                     update, raised through ``_deferred``: at once on CPU, on
+                                                     CUDA at the next ``update``/``forward`` or at ``compute()``
+``torch.nn.functional.one_hot`` (checks min/max on   comparison with ``arange(C)`` (top_k > 1, samplewise)
+the host on CPU; device assert on CUDA)
+``normalize_logits_if_needed`` on CPU:               the device path (``torch.where``) whenever a CPU
+``if not torch.all(0 <= x <= 1)``                    ``SyncProbe`` simulates a GPU; on a real GPU stock already
+                                                     takes that path and on plain CPU the read is free, so
+                                                     stock's code runs there
+==================================================  ===========================================================
+
+The patched ``*StatScores.update`` runs the stock ``update`` with the metric made current
+(:func:`torchmetrics_syncfree._deferred.reporting_to`), so the validation helpers, which have no metric argument,
+can file their device flags with it. ``_AbstractStatScores._final_state`` (the first line of every ``compute``)
+reports pending checks first. The functional API (``multiclass_accuracy(...)``) has no metric: its validation is
+stock's (with its host reads), everything else is the sync-free code above.
+
+Deliberate deviations from stock (tested in ``tests/test_classification_parity.py``):
+
+* multiclass validation checks the documented contract, every non-ignored label in ``[0, num_classes)`` (``preds``
+  too when it holds labels), instead of counting distinct values: stock lets ``target=[0, 7]`` with 5 classes pass
+  and, because of an operator-precedence slip, never validates ``target`` at all when ``preds`` holds scores. The
+  exception type is stock's (``RuntimeError``); its message is stock's where stock would also have raised;
+* with ``validate_args=False``, out-of-range multiclass labels are dropped from the counts (stock fails in
+  ``reshape``/``one_hot`` or silently counts them in the wrong cell; on CUDA ``one_hot`` hits a device assert);
+* on CUDA a validation error surfaces after the offending batch has been added to the state (stock raises before
+  updating); ``reset()`` the metric after catching it.
+
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.classification.stat_scores import _refine_preds_oh
+from torchmetrics.utilities import rank_zero_warn
+from torchmetrics.utilities.checks import _check_same_shape
+from torchmetrics.utilities.data import _bincount, select_topk
+from torchmetrics.utilities.imports import _XLA_AVAILABLE
+
+from torchmetrics_syncfree import _deferred, probe
+from torchmetrics_syncfree._registry import get_original, replaces
+
+_COMPUTE = "torchmetrics.utilities.compute"
+_FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
+_MODULE = "torchmetrics.classification.stat_scores"
+_ZERO_DIVISION_WARNING = "Detected zero division in _safe_divide. Setting 0/0 to 0.0"
+
+
+@functools.cache
+def _stock(target: str) -> Callable[..., Any]:
+    """The original TorchMetrics object behind a patch target (cached: originals never change)."""
+    return get_original(target)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torchmetrics.utilities.compute
+
+
+def _warn_zero_division() -> None:
+    rank_zero_warn(_ZERO_DIVISION_WARNING)
+
+
+@replaces(f"{_COMPUTE}._safe_divide", params=("num", "denom", "zero_division"), everywhere=True)
+def _safe_divide(num: Tensor, denom: Tensor, zero_division: float | str = 0.0) -> Tensor:
+    """Stock's ``_safe_divide`` without the host-to-device copy of ``zero_division`` or the host read for ``"warn"``.
+
+    ``"nan"`` divides plainly (``0/0 = nan``, ``x/0 = inf``), as in stock from 1.7 on.
+    """
+    num = num if num.is_floating_point() else num.float()
+    denom = denom if denom.is_floating_point() else denom.float()
+    if isinstance(zero_division, str):
+        if zero_division != "warn":
+            return torch.true_divide(num, denom)
+        _deferred.check_current((denom == 0).any(), _warn_zero_division)
+        zero_division = 0.0
+    fill = torch.full((), zero_division, dtype=num.dtype, device=num.device)
+    return torch.where(denom != 0, num / denom, fill)
+
+
+@replaces(
+    f"{_COMPUTE}._adjust_weights_safe_divide",
+    params=("score", "average", "multilabel", "tp", "fp", "fn", "top_k"),
+    everywhere=True,
+)
+def _adjust_weights_safe_divide(
+    score: Tensor, average: str | None, multilabel: bool, tp: Tensor, fp: Tensor, fn: Tensor, top_k: int = 1
+) -> Tensor:
+    """Average per-class scores; classes absent from preds and target get weight 0 (``masked_fill``, no mask write)."""
+    if average is None or average == "none":
+        return score
+    if average == "weighted":
+        weights = tp + fn
+    else:
+        weights = torch.ones_like(score)
+        if not multilabel:
+            weights = weights.masked_fill(tp + fp + fn == 0 if top_k == 1 else tp + fn == 0, 0.0)
+    return _safe_divide(weights * score, weights.sum(-1, keepdim=True)).sum(-1)
+
+
+@replaces(f"{_COMPUTE}.normalize_logits_if_needed", params=("tensor", "normalization"), everywhere=True)
+def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Tensor:
+    """Apply sigmoid/softmax if any value is outside [0, 1], choosing on the device (``torch.where``).
+
+    Stock already does exactly this on accelerators and reads the flag on the host only for CPU tensors, where the read
+    is free; that CPU branch is kept, except under a CPU ``SyncProbe`` that simulates a GPU.
+    """
+    if not normalization:
+        return tensor
+    if tensor.device.type == "cpu" and not probe.simulating_device():
+        return _stock(f"{_COMPUTE}.normalize_logits_if_needed")(tensor, normalization)
+    outside = ((tensor < 0) | (tensor > 1)).any()
+    normalized = torch.sigmoid(tensor) if normalization == "sigmoid" else torch.softmax(tensor, dim=1)
+    return torch.where(outside, normalized, tensor)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# validation: device flags instead of torch.unique + host checks
+
+
+def _outside(values: Tensor, allowed: tuple[int, ...], ignore_index: int | None = None) -> Tensor:
+    """Bool mask of the entries of ``values`` that are none of ``allowed`` (and not ``ignore_index``)."""
+    mask = values != allowed[0]
+    for value in allowed[1:] + (() if ignore_index is None else (ignore_index,)):
+        mask &= values != value
+    return mask
+
+
+def _raise_not_binary(preds: Tensor, target: Tensor, ignore_index: int | None, preds_name: str) -> None:
+    """Stock's error for non-{0,1} values (runs only on error: listing the values may sync)."""
+    if _outside(target, (0, 1), ignore_index).any():
+        raise RuntimeError(
+            f"Detected the following values in `target`: {torch.unique(target)} but expected only"
+            f" the following values {[0, 1] if ignore_index is None else [ignore_index]}."
+        )
+    raise RuntimeError(
+        f"Detected the following values in `preds`: {torch.unique(preds)} but expected only"
+        f" the following values [0,1] since {preds_name} is a label tensor."
+    )
+
+
+def _check_binary_values(preds: Tensor, target: Tensor, ignore_index: int | None, preds_name: str) -> None:
+    """File one device flag for "target (and label preds) hold only 0, 1 (or ignore_index)"."""
+    flag = _outside(target, (0, 1), ignore_index).any()
+    if not preds.is_floating_point():
+        flag = flag | _outside(preds, (0, 1)).any()
+    _deferred.check_current(flag, functools.partial(_raise_not_binary, preds, target, ignore_index, preds_name))
+
+
+@replaces(
+    f"{_FUNCTIONAL}._binary_stat_scores_tensor_validation",
+    params=("preds", "target", "multidim_average", "ignore_index"),
+    everywhere=True,
+)
+def _binary_stat_scores_tensor_validation(
+    preds: Tensor, target: Tensor, multidim_average: str = "global", ignore_index: int | None = None
+) -> None:
+    if _deferred.current() is None:
+        return _stock(f"{_FUNCTIONAL}._binary_stat_scores_tensor_validation")(
+            preds, target, multidim_average, ignore_index
+        )
+    _check_same_shape(preds, target)
+    _check_binary_values(preds, target, ignore_index, "`preds`")
+    if multidim_average != "global" and preds.ndim < 2:
+        raise ValueError("Expected input to be at least 2D when multidim_average is set to `samplewise`")
+    return None
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multilabel_stat_scores_tensor_validation",
+    params=("preds", "target", "num_labels", "multidim_average", "ignore_index"),
+    everywhere=True,
+)
+def _multilabel_stat_scores_tensor_validation(
+    preds: Tensor, target: Tensor, num_labels: int, multidim_average: str, ignore_index: int | None = None
+) -> None:
+    if _deferred.current() is None:
+        return _stock(f"{_FUNCTIONAL}._multilabel_stat_scores_tensor_validation")(
+            preds, target, num_labels, multidim_average, ignore_index
+        )
+    _check_same_shape(preds, target)
+    if preds.shape[1] != num_labels:
+        raise ValueError(
+            "Expected both `target.shape[1]` and `preds.shape[1]` to be equal to the number of labels"
+            f" but got {preds.shape[1]} and expected {num_labels}"
+        )
+    _check_binary_values(preds, target, ignore_index, "preds")
+    if multidim_average != "global" and preds.ndim < 3:
+        raise ValueError("Expected input to be at least 3D when multidim_average is set to `samplewise`")
+    return None
+
+
+def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
+    """Bool mask of labels outside ``[0, num_classes)`` that are not ``ignore_index``."""
+    mask = (labels < 0) | (labels >= num_classes)
+    return mask if ignore_index is None else mask & (labels != ignore_index)
+
+
+def _raise_not_a_class(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> None:
+    """Stock's message where stock would have raised too (too many distinct values), else one naming the values."""
+    check_value = num_classes if ignore_index is None else num_classes + 1
+    labels = ((target, "target"),) + (() if preds.is_floating_point() else ((preds, "preds"),))
+    for values, name in labels:
+        if not _not_a_class(values, num_classes, ignore_index).any():
+            continue
+        found = torch.unique(values)
+        if len(found) > check_value:
+            raise RuntimeError(
+                f"Detected more unique values in `{name}` than expected. Expected only {check_value} but found"
+                f" {len(found)} in `{name}`. Found values: {found}."
+            )
+        allowed = f"[0, {num_classes - 1}]" + ("" if ignore_index is None else f" or the ignore_index {ignore_index}")
+        raise RuntimeError(
+            f"Detected the following values in `{name}`: {found} but expected only class labels in {allowed}."
+        )
+    raise RuntimeError(  # the tensors were changed in place after the update: name the problem anyway
+        f"Detected values outside [0, {num_classes - 1}] in `target` or `preds` (ignore_index={ignore_index})."
+    )
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_stat_scores_tensor_validation",
+    params=("preds", "target", "num_classes", "multidim_average", "ignore_index"),
+    everywhere=True,
+)
+def _multiclass_stat_scores_tensor_validation(
+    preds: Tensor,
+    target: Tensor,
+    num_classes: int | None,
+    multidim_average: str = "global",
+    ignore_index: int | None = None,
+) -> None:
+    """Stock's shape checks (host-only) plus one device flag for labels outside ``[0, num_classes)``."""
+    if _deferred.current() is None or num_classes is None:
+        return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_tensor_validation")(
+            preds, target, num_classes, multidim_average, ignore_index
+        )
+    _multiclass_shape_checks(preds, target, num_classes, multidim_average)
+    flag = _not_a_class(target, num_classes, ignore_index).any()
+    if not preds.is_floating_point():
+        flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
+    _deferred.check_current(flag, functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index))
+    return None
+
+
+def _multiclass_shape_checks(preds: Tensor, target: Tensor, num_classes: int, multidim_average: str) -> None:
+    """The host-only part of stock's multiclass validation: shapes and dimensions."""
+    if preds.ndim == target.ndim + 1:
+        if not preds.is_floating_point():
+            raise ValueError("If `preds` have one dimension more than `target`, `preds` should be a float tensor.")
+        if preds.shape[1] != num_classes:
+            raise ValueError(
+                "If `preds` have one dimension more than `target`, `preds.shape[1]` should be"
+                " equal to number of classes."
+            )
+        if preds.shape[2:] != target.shape[1:]:
+            raise ValueError(
+                "If `preds` have one dimension more than `target`, the shape of `preds` should be"
+                " (N, C, ...), and the shape of `target` should be (N, ...)."
+            )
+        if multidim_average != "global" and preds.ndim < 3:
+            raise ValueError(
+                "If `preds` have one dimension more than `target`, the shape of `preds` should be"
+                " at least 3D when multidim_average is set to `samplewise`"
+            )
+    elif preds.ndim == target.ndim:
+        if preds.shape != target.shape:
+            raise ValueError(
+                "The `preds` and `target` should have the same shape,"
+                f" got `preds` with shape={preds.shape} and `target` with shape={target.shape}."
+            )
+        if multidim_average != "global" and preds.ndim < 2:
+            raise ValueError(
+                "When `preds` and `target` have the same shape, the shape of `preds` should be"
+                " at least 2D when multidim_average is set to `samplewise`"
+            )
+    else:
+        raise ValueError(
+            "Either `preds` and `target` both should have the (same) shape (N, ...), or `target` should be (N, ...)"
+            " and `preds` should be (N, C, ...)."
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# formatting and counting
+
+
+def _ignored_to_minus_one(target: Tensor, ignore_index: int | None) -> Tensor:
+    """Stock's ``target[target == ignore_index] = -1`` on a copy, without a boolean-mask write."""
+    return target if ignore_index is None else target.masked_fill(target == ignore_index, -1)
+
+
+def _threshold(preds: Tensor, threshold: float) -> Tensor:
+    return normalize_logits_if_needed(preds, "sigmoid") > threshold if preds.is_floating_point() else preds
+
+
+@replaces(
+    f"{_FUNCTIONAL}._binary_stat_scores_format",
+    params=("preds", "target", "threshold", "ignore_index"),
+    everywhere=True,
+)
+def _binary_stat_scores_format(
+    preds: Tensor, target: Tensor, threshold: float = 0.5, ignore_index: int | None = None
+) -> tuple[Tensor, Tensor]:
+    preds = _threshold(preds, threshold)
+    return preds.reshape(preds.shape[0], -1), _ignored_to_minus_one(target.reshape(target.shape[0], -1), ignore_index)
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multilabel_stat_scores_format",
+    params=("preds", "target", "num_labels", "threshold", "ignore_index"),
+    everywhere=True,
+)
+def _multilabel_stat_scores_format(
+    preds: Tensor, target: Tensor, num_labels: int, threshold: float = 0.5, ignore_index: int | None = None
+) -> tuple[Tensor, Tensor]:
+    preds = _threshold(preds, threshold)
+    preds = preds.reshape(*preds.shape[:2], -1)
+    return preds, _ignored_to_minus_one(target.reshape(*target.shape[:2], -1), ignore_index)
+
+
+def _one_hot(labels: Tensor, num_classes: int) -> Tensor:
+    """``torch.nn.functional.one_hot`` without its host-side range check (out-of-range labels give a zero row)."""
+    return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).long()
+
+
+def _count(index: Tensor, size: int) -> Tensor:
+    """``torch.bincount(index, minlength=size)`` for ``0 <= index < size``, with a fixed output shape."""
+    if torch.are_deterministic_algorithms_enabled() or _XLA_AVAILABLE or index.is_mps:
+        return _bincount(index, minlength=size)  # upstream's fixed-shape fallback for these cases
+    return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
+
+
+def _confusion_counts(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """tp/fp/tn/fn per class from a confusion matrix counted into ``C**2`` cells plus one dropped cell."""
+    preds, target = preds.flatten().long(), target.flatten().long()
+    valid = (torch.minimum(target, preds) >= 0) & (torch.maximum(target, preds) < num_classes)
+    if ignore_index is not None and 0 <= ignore_index < num_classes:  # any other ignore_index is invalid already
+        valid &= target != ignore_index
+    cells = num_classes * num_classes
+    bins = _count(torch.where(valid, target * num_classes + preds, cells), cells + 1)
+    confmat = bins[:cells].reshape(num_classes, num_classes)
+    tp = confmat.diag()
+    fp = confmat.sum(0) - tp
+    fn = confmat.sum(1) - tp
+    tn = confmat.sum() - (fp + fn + tp)
+    return tp, fp, tn, fn
+
+
+def _micro_counts(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Summed tp/fp/tn/fn; ignored entries are masked out of the sums instead of being removed."""
+    preds, target = preds.flatten(), target.flatten()
+    if ignore_index is None:
+        correct = preds == target
+        tp, wrong, total = correct.sum(), (~correct).sum(), preds.numel()
+    else:
+        kept = target != ignore_index
+        correct = preds == target
+        tp, wrong, total = (correct & kept).sum(), (~correct & kept).sum(), kept.sum()
+    fp, fn = wrong, wrong.clone()
+    tn = num_classes * total - (fp + fn + tp)
+    return tp, fp, tn, fn
+
+
+def _one_hot_counts(
+    preds: Tensor,
+    target: Tensor,
+    num_classes: int,
+    top_k: int,
+    multidim_average: str,
+    ignore_index: int | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stock's one-hot path (``top_k > 1`` or samplewise) with ``masked_fill`` for its boolean-mask writes."""
+    ignore_in = ignore_index is not None and 0 <= ignore_index <= num_classes - 1
+    ignore_out = ignore_index is not None and not ignore_in
+    if ignore_out:
+        ignored = target == ignore_index
+        target = target.masked_fill(ignored, num_classes)
+        preds = preds.masked_fill(ignored.unsqueeze(1) if preds.ndim > target.ndim else ignored, num_classes)
+    width = num_classes + 1 if ignore_out else num_classes
+    if top_k > 1:
+        preds_oh = torch.movedim(select_topk(preds, topk=top_k, dim=1), 1, -1)
+        preds_oh = _refine_preds_oh(preds, preds_oh, target, top_k)
+    else:
+        preds_oh = _one_hot(preds.long(), width)
+    target_oh = _one_hot(target.long(), width)
+    if ignore_in:
+        target_oh = target_oh.masked_fill((target == ignore_index).unsqueeze(-1), -1)
+    elif ignore_out:
+        preds_oh = preds_oh[..., :-1] if top_k == 1 else preds_oh
+        target_oh = target_oh[..., :-1].masked_fill((target == num_classes).unsqueeze(-1), -1)
+    sum_dim = [0, 1] if multidim_average == "global" else [1]
+    tp = ((target_oh == preds_oh) & (target_oh == 1)).sum(sum_dim)
+    fn = ((target_oh != preds_oh) & (target_oh == 1)).sum(sum_dim)
+    fp = ((target_oh != preds_oh) & (target_oh == 0)).sum(sum_dim)
+    tn = ((target_oh == preds_oh) & (target_oh == 0)).sum(sum_dim)
+    return tp, fp, tn, fn
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_stat_scores_update",
+    params=("preds", "target", "num_classes", "top_k", "average", "multidim_average", "ignore_index"),
+    everywhere=True,
+)
+def _multiclass_stat_scores_update(
+    preds: Tensor,
+    target: Tensor,
+    num_classes: int,
+    top_k: int = 1,
+    average: str | None = "macro",
+    multidim_average: str = "global",
+    ignore_index: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stock's statistics with fixed-shape ops only (see the module docstring)."""
+    if multidim_average == "samplewise" or top_k != 1:
+        return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
+    if average == "micro":
+        return _micro_counts(preds, target, num_classes, ignore_index)
+    return _confusion_counts(preds, target, num_classes, ignore_index)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the metrics: make the metric current during update, report pending checks in compute
+
+
+def _update(metric: Any, qualname: str, preds: Tensor, target: Tensor) -> None:
+    _deferred.poll(metric)
+    with _deferred.reporting_to(metric):
+        _stock(f"{_MODULE}.{qualname}")(metric, preds, target)
+
+
+@replaces(f"{_MODULE}.BinaryStatScores.update", params=("self", "preds", "target"), kind="metric_method")
+def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _update(self, "BinaryStatScores.update", preds, target)
+
+
+@replaces(f"{_MODULE}.MulticlassStatScores.update", params=("self", "preds", "target"), kind="metric_method")
+def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _update(self, "MulticlassStatScores.update", preds, target)
+
+
+@replaces(f"{_MODULE}.MultilabelStatScores.update", params=("self", "preds", "target"), kind="metric_method")
+def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _update(self, "MultilabelStatScores.update", preds, target)
+
+
+@replaces(f"{_MODULE}._AbstractStatScores._final_state", params=("self",))
+def _final_state(self: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """First line of every stat-score ``compute()``: report the checks of earlier updates (waits outside forward)."""
+    _deferred.report_pending(self)
+    return _stock(f"{_MODULE}._AbstractStatScores._final_state")(self)
