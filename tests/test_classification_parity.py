@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from _classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, config_id, configs, cuda, make_metric
 from torch import Tensor
 
 import torchmetrics_syncfree
+from tests._classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, config_id, configs, cuda, make_metric
 from torchmetrics_syncfree import SyncProbe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 import torch
-from _classification_cases import METRICS, TASK_AVERAGES, batches, config_id, configs, cuda, make_metric
 
 import torchmetrics_syncfree
+from tests._classification_cases import METRICS, TASK_AVERAGES, batches, config_id, configs, cuda, make_metric
 from torchmetrics_syncfree import SyncProbe, _deferred, probe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
