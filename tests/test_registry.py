@@ -222,3 +222,22 @@ def test_verbose_prints_the_targets(capsys):
     torchmetrics_syncfree.patch_all(verbose=True)
     out = capsys.readouterr().out
     assert MEAN_UPDATE in out
+
+
+def test_a_metric_made_before_patching_reports_deferred_checks_in_compute():
+    """Its compute() is adopted together with its update(), so an asynchronous error still surfaces by compute()."""
+    metric = SumMetric(nan_strategy="error")
+    value = torch.tensor([float("nan")])
+    torchmetrics_syncfree.patch_all()
+    with SyncProbe():  # the device path: the NaN check is only read later
+        metric.update(value)
+        with pytest.raises(RuntimeError, match="Encountered `nan` values in tensor"):
+            metric.compute()
+
+
+def test_compute_of_a_metric_made_while_patched_costs_no_descriptor_lookup():
+    torchmetrics_syncfree.patch_all()
+    metric = MeanMetric()
+    assert "compute" in vars(metric)
+    assert type(metric).__dict__["compute"].__class__.__name__ == "_MetricMethod"
+    assert not hasattr(type(type(metric).__dict__["compute"]), "__set__"), "instance attribute must win"

@@ -17,7 +17,7 @@ Two kinds of targets exist:
     ``update`` or ``compute`` of a :class:`~torchmetrics.Metric` subclass. ``Metric.__init__`` wraps the *bound*
     method once (``self.update = self._wrap_update(self.update)``), so swapping the class attribute alone would
     not reach metrics that already exist, and would leave metrics created while patched patched forever. The
-    class attribute becomes a data descriptor instead (see :class:`_MetricMethodDescriptor`): metrics created
+    class attribute becomes a descriptor instead (see :class:`_MetricUpdate`, :class:`_MetricMethod`): metrics created
     while patched wrap a dispatcher that follows the registry's state, and metrics created before are switched
     to that dispatcher the first time their method is looked up.
 
@@ -219,18 +219,17 @@ def _check_metric_wrapper(name: str) -> None:
         raise PatchTargetError(f"torchmetrics.Metric._wrap_{name} no longer wraps a closure over `{name}`")
 
 
-class _MetricMethodDescriptor:
-    """Class attribute standing in for a metric class's ``update``/``compute`` while the patch is active.
+class _MetricMethod:
+    """Class attribute standing in for a metric class's ``compute`` while the patch is active (a non-data descriptor).
 
-    A data descriptor wins over the instance ``__dict__``, so every attribute access passes here:
-
-    * during ``Metric.__init__``/``__setstate__`` (nothing wrapped yet) it hands out the registry dispatcher, which
-      the metric then wraps with its own ``_wrap_update``/``_wrap_compute`` as usual;
-    * a metric created before :func:`patch_all` holds a wrapper around the bound *original*; on first access the
-      wrapper's closure cell is pointed at the dispatcher instead, which makes it indistinguishable from a metric
-      created while patched (and lets it fall back to the original after :func:`unpatch_all`);
-    * ``super().update(...)`` from a subclass that overrides the method gets the plain bound replacement, because
-      the subclass's own wrapper already did the bookkeeping.
+    * During ``Metric.__init__``/``__setstate__`` (nothing wrapped yet) it hands out the registry dispatcher, which
+      the metric then wraps with its own ``_wrap_compute`` as usual; afterwards the instance attribute is found first,
+      so calls cost nothing extra.
+    * ``super().compute()`` from a subclass that overrides the method gets the plain bound replacement, because the
+      subclass's own wrapper already did the bookkeeping.
+    * A metric created before :func:`patch_all` keeps its wrapper around the bound *original* until it is adopted
+      (see :meth:`adopt`): its ``update`` (a :class:`_MetricUpdate`) adopts it on first access. Before that, the
+      original runs, which is right: only a patched ``update`` queues checks for ``compute`` to report.
 
     """
 
@@ -246,7 +245,7 @@ class _MetricMethodDescriptor:
             return self.spec.replacement
         wrapper = metric.__dict__.get(self.name)
         if getattr(getattr(wrapper, "__wrapped__", None), "__func__", None) is self.dispatcher:
-            return wrapper  # the hot path: a metric created (or already adopted) while patched
+            return wrapper  # a metric created (or already adopted) while patched
         cls = type(metric)
         direct = self._reaches_directly.get(cls)
         if direct is None:
@@ -255,10 +254,12 @@ class _MetricMethodDescriptor:
             return MethodType(self.spec.replacement, metric)
         if wrapper is None:
             return MethodType(self.dispatcher, metric)
-        self._adopt(metric, wrapper)
+        adopt(metric)
         return wrapper
 
-    def _adopt(self, metric: Any, wrapper: Any) -> None:
+    def adopt(self, metric: Any) -> None:
+        """Point the wrapper a metric made before patching at the dispatcher: it then behaves as if made now."""
+        wrapper = metric.__dict__.get(self.name)
         cells = getattr(wrapper, "__closure__", None)
         if not cells:
             return
@@ -271,11 +272,29 @@ class _MetricMethodDescriptor:
                 wrapper.__wrapped__ = cell.cell_contents
             return
 
+
+class _MetricUpdate(_MetricMethod):
+    """The ``update`` stand-in: a *data* descriptor, so it also sees metrics created before :func:`patch_all`.
+
+    A data descriptor wins over the instance ``__dict__``: every access passes :meth:`__get__`, whose hot path returns
+    the instance's wrapper after one identity check. A metric made before patching is adopted on first access, its
+    ``compute`` with it.
+    """
+
     def __set__(self, metric: Any, value: Any) -> None:
         metric.__dict__[self.name] = value
 
     def __delete__(self, metric: Any) -> None:
         del metric.__dict__[self.name]
+
+
+def adopt(metric: Any) -> None:
+    """Adopt every patched ``update``/``compute`` wrapper of a metric created before :func:`patch_all`."""
+    cls = type(metric)
+    for name in ("update", "compute"):
+        stand_in = _lookup(cls, name)
+        if isinstance(stand_in, _MetricMethod):
+            stand_in.adopt(metric)
 
 
 def _install(spec: PatchSpec, original: Any) -> None:
@@ -286,7 +305,7 @@ def _install(spec: PatchSpec, original: Any) -> None:
         if not isinstance(owner, type):
             raise PatchTargetError(f"{spec.target}: metric_method targets must be class attributes")
         places = [(owner, name)]
-        new_value: Any = _MetricMethodDescriptor(spec)
+        new_value: Any = (_MetricUpdate if name == "update" else _MetricMethod)(spec)
     else:
         places = [(owner, name)]
         if spec.everywhere:

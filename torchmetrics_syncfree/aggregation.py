@@ -45,7 +45,7 @@ from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import adopt, replaces
 
 _MODULE = "torchmetrics.aggregation"
 #: torchmetrics 1.6 gave NaN positions the fill value as weight too; 1.7 (PR #2943) changed that to 1.
@@ -138,6 +138,8 @@ def _cast_and_nan_check_input(
         )
     x = _to_metric_tensor(self, x).to(self.dtype)
     weight = torch.ones_like(x) if weight is None else _to_metric_tensor(self, weight).to(self.dtype)
+    if self.nan_strategy == "error":
+        adopt(self)  # the subclass's compute() must report the check even if the metric predates patch_all()
     mask = _nan_mask(self, x, weight)
     fill = _impute_value(self)
     if mask is not None and fill is not None:
