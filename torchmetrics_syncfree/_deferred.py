@@ -124,6 +124,11 @@ def inside_forward(metric: Any) -> bool:
     return not getattr(metric, "_should_unsync", True)
 
 
+def queued() -> bool:
+    """Whether any metric has checks waiting to be read (never on CPU, where checks are read at once)."""
+    return bool(_pending)
+
+
 def report_pending(metric: Any) -> None:
     """What ``compute()`` does first: everything pending, except inside ``forward()`` where it must not wait."""
     if not _pending:

@@ -94,10 +94,17 @@ class PatchSpec:
         if self._dispatcher is None:
             spec = self
 
-            @functools.wraps(self.original)
-            def dispatch(metric: Any, *args: Any, **kwargs: Any) -> Any:
-                fn = spec.replacement if spec.active else spec.original
-                return fn(metric, *args, **kwargs)
+            if self.attribute == "compute":  # compute(self) takes no arguments: skip the packing on the hot path
+
+                @functools.wraps(self.original)
+                def dispatch(metric: Any) -> Any:
+                    return (spec.replacement if spec.active else spec.original)(metric)
+
+            else:
+
+                @functools.wraps(self.original)
+                def dispatch(metric: Any, *args: Any, **kwargs: Any) -> Any:
+                    return (spec.replacement if spec.active else spec.original)(metric, *args, **kwargs)
 
             self._dispatcher = dispatch
         return self._dispatcher

@@ -240,13 +240,15 @@ def _cat_update(self: Any, value: float | Tensor) -> None:
 
 @replaces(f"{_MODULE}.BaseAggregator.compute", params=("self",), kind="metric_method")
 def _aggregator_compute(self: Any) -> Tensor:
-    _deferred.report_pending(self)
+    if _deferred.queued():
+        _deferred.report_pending(self)
     return getattr(self, self.state_name)
 
 
 @replaces(f"{_MODULE}.MeanMetric.compute", params=("self",), kind="metric_method")
 def _mean_compute(self: Any) -> Tensor:
-    _deferred.report_pending(self)
+    if _deferred.queued():
+        _deferred.report_pending(self)
     return self.mean_value / self.weight
 
 
