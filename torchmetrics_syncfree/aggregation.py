@@ -270,11 +270,13 @@ def _without_nan(values: list[Tensor], whole_batches: bool) -> list[Tensor]:
 def _cat_compute(self: Any) -> Tensor | list:
     _deferred.report_pending(self)
     values = self.value
-    if self.nan_strategy in ("warn", "ignore", "error") and (isinstance(values, Tensor) or values):
-        kept = _without_nan([values] if isinstance(values, Tensor) else values, self.nan_strategy == "error")
-        if isinstance(values, Tensor):
-            return dim_zero_cat(kept) if kept else values[:0].flatten()
-        values = kept
-    if isinstance(values, list) and values:
-        return dim_zero_cat(values)
-    return values
+    if isinstance(values, list) and not values:
+        return values
+    result = dim_zero_cat(values) if isinstance(values, list) else values
+    if self.nan_strategy not in ("warn", "ignore", "error") or not torch.isnan(result).any():
+        # one read of the data per compute(): its result's size depends on the data anyway
+        return result
+    kept = _without_nan([values] if isinstance(values, Tensor) else values, self.nan_strategy == "error")
+    if kept:
+        return dim_zero_cat(kept)
+    return values[:0].flatten() if isinstance(values, Tensor) else []
