@@ -24,7 +24,9 @@ from torchmetrics_syncfree._registry import (
     is_patched,
     patch_all,
     patched,
+    patched_targets,
     register_area,
+    registered_areas,
     unpatch_all,
 )
 from torchmetrics_syncfree.probe import SyncEvent, SyncProbe
@@ -48,5 +50,7 @@ __all__ = [
     "is_patched",
     "patch_all",
     "patched",
+    "patched_targets",
+    "registered_areas",
     "unpatch_all",
 ]

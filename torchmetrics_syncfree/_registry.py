@@ -452,6 +452,17 @@ def get_original(target: str) -> Any:
     return _lookup(owner, name)
 
 
+def patched_targets() -> list[str]:
+    """The targets that are patched right now (empty when TorchMetrics is stock)."""
+    with _lock:
+        return sorted(spec.target for spec in _specs.values() if spec.active)
+
+
+def registered_areas() -> list[str]:
+    """The upstream areas :func:`patch_all` knows, e.g. ``["aggregation", "classification", "distributed"]``."""
+    return sorted(_area_modules)
+
+
 def declared_targets() -> list[str]:
     """Every target this package knows how to patch."""
     _load_areas()

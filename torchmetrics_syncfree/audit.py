@@ -219,7 +219,7 @@ class Config:
 
 def registered_areas() -> list[str]:
     """The patch areas :func:`torchmetrics_syncfree.patch_all` installs."""
-    return sorted(_registry._area_modules)
+    return _registry.registered_areas()
 
 
 def _nan_strategies() -> list[Any]:
@@ -290,7 +290,7 @@ class Result:
 
 
 def _require_stock() -> None:
-    active = [spec.target for spec in _registry._specs.values() if spec.active]
+    active = _registry.patched_targets()
     if active:
         raise RuntimeError(
             f"the audit compares against stock TorchMetrics, but {len(active)} targets are patched; call"

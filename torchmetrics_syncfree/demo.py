@@ -315,7 +315,7 @@ def _sources(events: Sequence[SyncEvent], steps: int) -> list[dict[str, Any]]:
 def _variant_context(variant: str) -> contextlib.AbstractContextManager:
     if variant == "patched":
         return _registry.patched()
-    active = [spec.target for spec in _registry._specs.values() if spec.active]
+    active = _registry.patched_targets()
     if active:
         raise RuntimeError(
             f"the {variant!r} variant must run on stock TorchMetrics, but {len(active)} targets are patched"
