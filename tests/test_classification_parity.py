@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,9 @@ from tests._classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, c
 from torchmetrics_syncfree import SyncProbe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
+#: "cpu": the patched code's CPU path (free host reads: cheaper CPU-only counting and validation); "device": the
+#: path a GPU takes, simulated on CPU by a SyncProbe. Both must give stock's values.
+PATHS = ["cpu", "device"]
 
 
 Case = tuple[Callable[[], Any], list[tuple[Tensor, Tensor]]]
@@ -41,10 +45,13 @@ def _assert_identical(stock: list[Tensor], patched: list[Tensor], label: str = "
         torch.testing.assert_close(p, s, rtol=0, atol=0, equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
 
 
-def _parity(cases: dict[str, Case], device: str = "cpu") -> None:
-    """Run every case stock, then patched (one patch cycle for all: patching is the slow part), and compare."""
+def _parity(cases: dict[str, Case], device: str = "cpu", path: str = "cpu") -> None:
+    """Run every case stock, then patched (one patch cycle for all: patching is the slow part), and compare.
+
+    ``path="device"`` runs the patched metrics inside a CPU SyncProbe, so they take their GPU code path.
+    """
     stock = {label: _run(make, data, device) for label, (make, data) in cases.items()}
-    with torchmetrics_syncfree.patched():
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
         patched = {label: _run(make, data, device) for label, (make, data) in cases.items()}
     for label in cases:
         _assert_identical(stock[label], patched[label], label)
@@ -57,10 +64,13 @@ def _default_case(config: tuple) -> Case:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", METRICS)
-def test_parity_default_arguments(name: str, device: str) -> None:
+def test_parity_default_arguments(name: str, path: str, device: str) -> None:
     """Every task x average x ignore_index of one metric (including all-ignored batches and zero division)."""
-    _parity({config_id(config): _default_case(config) for config in configs((name,))}, device)
+    if device == "cuda" and path == "device":
+        pytest.skip("on CUDA the device path is the only path")
+    _parity({config_id(config): _default_case(config) for config in configs((name,))}, device, path)
 
 
 def test_parity_data_has_zero_division() -> None:
@@ -93,8 +103,9 @@ def _multiclass_other_case(name: str, average: str, kwargs: dict) -> Case:
     return (lambda: make_metric(name, "multiclass", average, **kwargs)), data
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ["Accuracy", "Precision", "F1Score", "StatScores"])
-def test_parity_multiclass_other_arguments(name: str) -> None:
+def test_parity_multiclass_other_arguments(name: str, path: str) -> None:
     """top_k=2, samplewise and zero_division=1, with and without ignore_index."""
     _parity(
         {
@@ -102,11 +113,13 @@ def test_parity_multiclass_other_arguments(name: str) -> None:
             for average in ("micro", "macro", "none")
             for kwargs in _MULTICLASS_OTHER
             if not ("zero_division" in kwargs and name in ("Accuracy", "StatScores"))
-        }
+        },
+        path=path,
     )
 
 
-def test_parity_binary_multilabel_other_arguments() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_parity_binary_multilabel_other_arguments(path: str) -> None:
     cases = {}
     for task in ("binary", "multilabel"):
         ndim = 2 if task == "binary" else 3
@@ -116,16 +129,17 @@ def test_parity_binary_multilabel_other_arguments() -> None:
                 (lambda task=task, kwargs=kwargs: make_metric("Recall", task, "macro", -1, **kwargs)),
                 data,
             )
-    _parity(cases)
+    _parity(cases, path=path)
 
 
-def test_parity_deterministic_mode() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_parity_deterministic_mode(path: str) -> None:
     """Deterministic algorithms: upstream's mesh counting, same results."""
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         data = batches("multiclass", -1, seed=11)
-        _parity({"weighted": ((lambda: make_metric("F1Score", "multiclass", "weighted", -1)), data)})
+        _parity({"weighted": ((lambda: make_metric("F1Score", "multiclass", "weighted", -1)), data)}, path=path)
     finally:
         torch.use_deterministic_algorithms(previous)
 
@@ -238,3 +252,17 @@ def test_functional_validation_is_stock(syncfree: Any) -> None:
     preds, target, _ = _INVALID["binary"]
     with pytest.raises(RuntimeError, match="Detected the following values in `target`"):
         binary_accuracy(preds, target)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_multiclass_ignore_index_outside_the_classes_is_allowed_and_checked(path: str) -> None:
+    """ignore_index=-1 entries pass validation (the CPU path's aminmax shortcut must fall back to the exact check)."""
+    preds = torch.randn(4, NUM_CLASSES)
+    valid, invalid = torch.tensor([0, -1, 2, -1]), torch.tensor([0, -1, 2, -2])
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = make_metric("Recall", "multiclass", "macro", -1)
+        metric.update(preds, valid)
+        metric.compute()
+        with pytest.raises(RuntimeError, match="`target`"):  # CPU path: in update; device path: in compute
+            metric.update(preds, invalid)
+            metric.compute()

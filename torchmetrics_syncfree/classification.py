@@ -68,7 +68,7 @@ from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import _bincount, select_topk
 from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
-from torchmetrics_syncfree import _deferred, probe
+from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import get_original, replaces
 
 _COMPUTE = "torchmetrics.utilities.compute"
@@ -137,7 +137,7 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
     """
     if not normalization:
         return tensor
-    if tensor.device.type == "cpu" and not probe.simulating_device():
+    if _deferred.reads_are_free(tensor):
         return _stock(f"{_COMPUTE}.normalize_logits_if_needed")(tensor, normalization)
     outside = ((tensor < 0) | (tensor > 1)).any()
     normalized = torch.sigmoid(tensor) if normalization == "sigmoid" else torch.softmax(tensor, dim=1)
@@ -226,6 +226,14 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
+def _all_classes(labels: Tensor, num_classes: int) -> bool:
+    """Whether every label is in ``[0, num_classes)``, read on the host (only where reads are free)."""
+    if not labels.numel():
+        return True
+    low, high = torch.aminmax(labels)
+    return int(low) >= 0 and int(high) < num_classes
+
+
 def _raise_not_a_class(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> None:
     """Stock's message where stock would have raised too (too many distinct values), else one naming the values."""
     check_value = num_classes if ignore_index is None else num_classes + 1
@@ -266,6 +274,12 @@ def _multiclass_stat_scores_tensor_validation(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
+    if (
+        _deferred.reads_are_free(target)
+        and _all_classes(target, num_classes)
+        and (preds.is_floating_point() or _all_classes(preds, num_classes))
+    ):
+        return None  # the common case on CPU, where reading is free: one aminmax per tensor instead of a flag
     flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
         flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
@@ -358,42 +372,66 @@ def _count(index: Tensor, size: int) -> Tensor:
     """``torch.bincount(index, minlength=size)`` for ``0 <= index < size``, with a fixed output shape."""
     if torch.are_deterministic_algorithms_enabled() or _XLA_AVAILABLE or index.is_mps:
         return _bincount(index, minlength=size)  # upstream's fixed-shape fallback for these cases
+    if _deferred.reads_are_free(index):  # CPU bincount reads the maximum for free, and is one op
+        return torch.bincount(index, minlength=size)
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
 
 
 def _confusion_counts(
-    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """tp/fp/tn/fn per class from a confusion matrix counted into ``C**2`` cells plus one dropped cell."""
-    preds, target = preds.flatten().long(), target.flatten().long()
-    valid = (torch.minimum(target, preds) >= 0) & (torch.maximum(target, preds) < num_classes)
-    if ignore_index is not None and 0 <= ignore_index < num_classes:  # any other ignore_index is invalid already
-        valid &= target != ignore_index
+    """tp/fp/tn/fn per class from a confusion matrix counted into ``C**2`` cells plus one dropped cell.
+
+    With ``labels_checked`` every label not equal to ``ignore_index`` is known to be a class, so only ignored entries
+    need routing to the dropped cell (none without ``ignore_index``). ``tn`` is what the other three leave of the
+    entries counted: ``counted - (tp + fp) - fn`` (stock sums the whole matrix for it).
+    """
+    preds, target = _flat_long(preds), _flat_long(target)
     cells = num_classes * num_classes
-    bins = _count(torch.where(valid, target * num_classes + preds, cells), cells + 1)
-    confmat = bins[:cells].reshape(num_classes, num_classes)
+    index = preds.add(target, alpha=num_classes)  # target * C + preds in one op
+    if labels_checked and ignore_index is None:
+        bins, counted = _count(index, cells), preds.numel()
+    else:
+        if labels_checked:
+            dropped = target == ignore_index
+        else:
+            dropped = (torch.minimum(target, preds) < 0) | (torch.maximum(target, preds) >= num_classes)
+            if ignore_index is not None and 0 <= ignore_index < num_classes:  # any other one is out of range anyway
+                dropped |= target == ignore_index
+        bins = _count(torch.where(dropped, cells, index), cells + 1)[:cells]
+        counted = bins.sum()
+    confmat = bins.view(num_classes, num_classes)
     tp = confmat.diag()
-    fp = confmat.sum(0) - tp
+    predicted = confmat.sum(0)
+    fp = predicted - tp
     fn = confmat.sum(1) - tp
-    tn = confmat.sum() - (fp + fn + tp)
-    return tp, fp, tn, fn
+    return tp, fp, torch.rsub(predicted, counted) - fn, fn
+
+
+def _flat_long(labels: Tensor) -> Tensor:
+    """``labels.flatten().long()``, skipping the calls that would return ``labels`` itself (this runs every update)."""
+    labels = labels if labels.ndim == 1 else labels.flatten()
+    return labels if labels.dtype == torch.long else labels.long()
 
 
 def _micro_counts(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Summed tp/fp/tn/fn; ignored entries are masked out of the sums instead of being removed."""
-    preds, target = preds.flatten(), target.flatten()
+    """Summed tp/fp/tn/fn; ignored entries are masked out of the sums instead of being removed.
+
+    Every counted entry is a hit or a miss: a miss is one fp and one fn, every other class of the entry a tn, so
+    ``tn = (C - 1) * counted - misses`` (stock's ``C * counted - (fp + fn + tp)``, in fewer ops).
+    """
+    correct = preds == target
     if ignore_index is None:
-        correct = preds == target
-        tp, wrong, total = correct.sum(), (~correct).sum(), preds.numel()
+        counted: Tensor | int = preds.numel()
     else:
         kept = target != ignore_index
-        correct = preds == target
-        tp, wrong, total = (correct & kept).sum(), (~correct & kept).sum(), kept.sum()
-    fp, fn = wrong, wrong.clone()
-    tn = num_classes * total - (fp + fn + tp)
-    return tp, fp, tn, fn
+        correct &= kept
+        counted = kept.sum()
+    tp = correct.sum()
+    fp = torch.rsub(tp, counted)
+    return tp, fp, torch.rsub(fp, (num_classes - 1) * counted), fp.clone()
 
 
 def _one_hot_counts(
@@ -445,12 +483,26 @@ def _multiclass_stat_scores_update(
     multidim_average: str = "global",
     ignore_index: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Stock's statistics with fixed-shape ops only (see the module docstring)."""
-    if multidim_average == "samplewise" or top_k != 1:
-        return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
-    if average == "micro":
-        return _micro_counts(preds, target, num_classes, ignore_index)
-    return _confusion_counts(preds, target, num_classes, ignore_index)
+    """Stock's statistics with fixed-shape ops only (see the module docstring).
+
+    Where host reads are free (CPU) and the metric being updated has just validated its labels (``validate_args``:
+    read at once on CPU, so a bad label has raised already), the labels need no masking; the one-hot path
+    (``top_k > 1``, samplewise) then runs stock's code, which is the cheapest there.
+    """
+    if multidim_average != "samplewise" and top_k == 1:
+        if average == "micro":
+            return _micro_counts(preds, target, num_classes, ignore_index)
+        return _confusion_counts(preds, target, num_classes, ignore_index, _labels_checked(preds))
+    if _labels_checked(preds):
+        return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
+            preds, target, num_classes, top_k, average, multidim_average, ignore_index
+        )
+    return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
+
+
+def _labels_checked(preds: Tensor) -> bool:
+    """Whether the labels of this update were validated and read already (see ``_multiclass_stat_scores_update``)."""
+    return _deferred.reads_are_free(preds) and getattr(_deferred.current(), "validate_args", False)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ except ImportError:  # pragma: no cover - torchmetrics is a hard dependency
 _STDLIB_FILES = {os.path.abspath(__import__("contextlib").__file__), os.path.abspath(__import__("functools").__file__)}
 
 _state = threading.local()
+_count_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,10 @@ def _attribute(frame: FrameType | None) -> tuple[str, str, str]:
     return location, caller, source
 
 
+#: CPU probes active in any thread; simulating_device() answers without thread-local lookups while it is 0
+_cpu_probes_entered = 0
+
+
 def _active_probes() -> list[SyncProbe]:
     probes = getattr(_state, "probes", None)
     if probes is None:
@@ -165,6 +170,8 @@ def _active_probes() -> list[SyncProbe]:
 
 def simulating_device() -> bool:
     """True while a CPU probe is active in this thread: asynchronous checks then follow their CUDA path."""
+    if not _cpu_probes_entered:  # the hot path of every patched update outside tests: one global read
+        return False
     return any(p.device_type == "cpu" for p in _active_probes()) and not getattr(_state, "quiet", 0)
 
 
@@ -299,10 +306,18 @@ class SyncProbe(ContextDecorator):
             for mode in self._modes:
                 mode.__enter__()
         _active_probes().append(self)
+        self._count_cpu_probe(+1)
         return self
+
+    def _count_cpu_probe(self, change: int) -> None:
+        global _cpu_probes_entered
+        if self.device_type == "cpu":
+            with _count_lock:
+                _cpu_probes_entered += change
 
     def __exit__(self, *exc: Any) -> None:
         _active_probes().remove(self)
+        self._count_cpu_probe(-1)
         if self.device_type == "cuda":
             torch.cuda.set_sync_debug_mode(self._previous_debug_mode)
             for record in self._records:
