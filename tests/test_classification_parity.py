@@ -266,3 +266,21 @@ def test_multiclass_ignore_index_outside_the_classes_is_allowed_and_checked(path
         with pytest.raises(RuntimeError, match="`target`"):  # CPU path: in update; device path: in compute
             metric.update(preds, invalid)
             metric.compute()
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["bincount", "mesh"])
+@pytest.mark.parametrize("case", ["multiclass", "multiclass-negative"])
+def test_invalid_multiclass_target_with_scores_raises_before_counting(case: str, deterministic: bool) -> None:
+    """CPU path: with score preds the target check is left to the bincount (free), except where upstream counts with
+    a mesh, which would drop bad entries silently. Either way: stock's error type, and the state is untouched."""
+    preds, target, names = _INVALID[case]
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        with torchmetrics_syncfree.patched():
+            metric = _invalid_metric(case)
+            with pytest.raises(RuntimeError, match=names):
+                metric.update(preds, target)
+            assert int(metric.tp.sum() + metric.fp.sum() + metric.tn.sum() + metric.fn.sum()) == 0
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -35,6 +35,12 @@ the host on CPU; device assert on CUDA)
                                                      stock's code runs there
 ==================================================  ===========================================================
 
+On CPU nothing needs avoiding: reading a value is free (:func:`torchmetrics_syncfree._deferred.reads_are_free`, false
+while a CPU ``SyncProbe`` simulates a GPU). The CPU path keeps the same results and checks at stock's host time or
+less: multiclass labels are checked with one ``aminmax`` read at once (with score ``preds`` and no ``ignore_index``
+the confusion ``bincount`` itself rejects a bad target, see ``_counting_checks_target``); labels checked that way
+need no validity mask, and the counting is ``torch.bincount`` with fewer ops than stock's.
+
 The patched ``*StatScores.update`` runs the stock ``update`` with the metric made current
 (:func:`torchmetrics_syncfree._deferred.reporting_to`), so the validation helpers, which have no metric argument,
 can file their device flags with it. ``_AbstractStatScores._final_state`` (the first line of every ``compute``)
@@ -226,6 +232,24 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
+def _counting_checks_target(multidim_average: str, ignore_index: int | None) -> bool:
+    """Whether the counting of the update being validated checks ``target`` itself, at no cost.
+
+    On CPU, for the confusion-matrix path (``top_k=1``, global, not micro) without ``ignore_index``, the counting
+    runs ``torch.bincount(target * C + preds)`` with class-valued ``preds``: a negative target makes it fail and a
+    target ``>= C`` makes it longer than ``C**2`` (see :func:`_checked_bincount`), so validation leaves ``target`` to
+    it. Upstream's mesh counting (deterministic mode, XLA) would drop such entries silently: not there.
+    """
+    metric = _deferred.current()
+    return (
+        ignore_index is None
+        and multidim_average == "global"
+        and metric.top_k == 1
+        and metric.average != "micro"
+        and not _mesh_counting()
+    )
+
+
 def _all_classes(labels: Tensor, num_classes: int) -> bool:
     """Whether every label is in ``[0, num_classes)``, read on the host (only where reads are free)."""
     if not labels.numel():
@@ -274,12 +298,12 @@ def _multiclass_stat_scores_tensor_validation(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
-    if (
-        _deferred.reads_are_free(target)
-        and _all_classes(target, num_classes)
-        and (preds.is_floating_point() or _all_classes(preds, num_classes))
-    ):
-        return None  # the common case on CPU, where reading is free: one aminmax per tensor instead of a flag
+    if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
+        if preds.is_floating_point():  # its argmax is a class: only target needs checking
+            if _counting_checks_target(multidim_average, ignore_index) or _all_classes(target, num_classes):
+                return None
+        elif _all_classes(target, num_classes) and _all_classes(preds, num_classes):
+            return None
     flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
         flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
@@ -368,13 +392,35 @@ def _one_hot(labels: Tensor, num_classes: int) -> Tensor:
     return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).long()
 
 
+def _mesh_counting() -> bool:
+    """Where upstream's ``_bincount`` counts with a fixed-shape mesh instead of ``torch.bincount`` (besides MPS)."""
+    return torch.are_deterministic_algorithms_enabled() or _XLA_AVAILABLE
+
+
 def _count(index: Tensor, size: int) -> Tensor:
     """``torch.bincount(index, minlength=size)`` for ``0 <= index < size``, with a fixed output shape."""
-    if torch.are_deterministic_algorithms_enabled() or _XLA_AVAILABLE or index.is_mps:
+    if _mesh_counting() or index.is_mps:
         return _bincount(index, minlength=size)  # upstream's fixed-shape fallback for these cases
     if _deferred.reads_are_free(index):  # CPU bincount reads the maximum for free, and is one op
         return torch.bincount(index, minlength=size)
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
+
+
+def _checked_bincount(index: Tensor, cells: int, preds: Tensor, target: Tensor, num_classes: int) -> Tensor:
+    """:func:`_count` of ``target * C + preds`` on CPU that also rejects targets outside the classes.
+
+    ``preds`` are classes here, so a target below 0 gives a negative index (``torch.bincount`` fails) and one of
+    ``C`` or more an index of ``C**2`` or more (a longer result). See :func:`_counting_checks_target`.
+    """
+    if _mesh_counting():
+        return _bincount(index, minlength=cells)  # validation checked target itself
+    try:
+        bins: Tensor | None = torch.bincount(index, minlength=cells)
+    except RuntimeError:  # a negative index
+        bins = None
+    if bins is None or bins.shape[0] != cells:
+        _raise_not_a_class(preds, target, num_classes, None)
+    return bins  # type: ignore[return-value]
 
 
 def _confusion_counts(
@@ -390,7 +436,7 @@ def _confusion_counts(
     cells = num_classes * num_classes
     index = preds.add(target, alpha=num_classes)  # target * C + preds in one op
     if labels_checked and ignore_index is None:
-        bins, counted = _count(index, cells), preds.numel()
+        bins, counted = _checked_bincount(index, cells, preds, target, num_classes), preds.numel()
     else:
         if labels_checked:
             dropped = target == ignore_index
@@ -510,7 +556,8 @@ def _labels_checked(preds: Tensor) -> bool:
 
 
 def _update(metric: Any, qualname: str, preds: Tensor, target: Tensor) -> None:
-    _deferred.poll(metric)
+    if _deferred.queued():
+        _deferred.poll(metric)
     with _deferred.reporting_to(metric):
         _stock(f"{_MODULE}.{qualname}")(metric, preds, target)
 
