@@ -151,7 +151,6 @@ def _simulate_device(deferred: ModuleType) -> None:
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
 AREAS_WITHOUT_PATCHES = {
     "classification": "sync-free classification (issue 3) landed in the layer; its patches are still to be ported",
-    "distributed": "the DDP gloo fallback (issue 4) landed in the layer; its patch is still to be ported",
 }
 
 

@@ -58,9 +58,17 @@ DESELECTED_TESTS = (
     "unittests/utilities/test_utilities.py::test_check_full_state_update_fn",
     "unittests/bases/test_metric.py::test_merge_state_feature_for_different_metrics[BinaryAccuracy-",
 )
-#: source path -> the project's suites that run against the patched tree (stock = the unpatched snapshot)
+#: source path -> the project's suites (or test ids) that run against the patched tree (stock = the unpatched
+#: snapshot). ``tests/test_distributed.py`` checks the layer's own helpers (mode setter, fake groups) except for the
+#: one test given here; ``tests/test_ddp_fallback.py`` spawns ranks that install tree mode themselves.
+DDP_PROJECT_TESTS = (
+    "tests/test_ddp_fallback.py",
+    "tests/test_distributed.py::test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu",
+)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py"),
+    "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
+    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS,
 }
 
 
