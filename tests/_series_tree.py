@@ -12,6 +12,14 @@ Set ``TORCHMETRICS_SYNCFREE_SERIES_TREE`` to a checkout with the series applied 
   changed by the series. Anything else is drift and stops the run. Module-level functions that the series adds are
   helpers reached through the targets; modules it adds are imported under their own names.
 
+Module-level names that the series adds to a changed module (its new helpers) are also set on the unpatched
+module of that name: the series' code may import them from there (``Metric._sync_dist`` imports
+``torchmetrics.utilities.distributed._sync_on_backend`` when it runs), and unpatched code never looks them up.
+
+Spawned processes (the DDP suites' ranks) do not run pytest's hooks: they call :func:`install_from_env` before
+patching, or they would test the layer instead of the series. :func:`series_module` gives the suites the patched
+tree's module of a target, for what they inspect beyond the targets (the DDP fallback's cache, its mode).
+
 The series' ``torchmetrics.utilities.deferred`` reads CPU flags at once (free on CPU). While a CPU ``SyncProbe`` is
 active the layer's ``_deferred`` takes the CUDA path instead, so that the probe sees what a GPU run does; the same is
 arranged here by routing CPU flags into the tree's own queue (a host copy that is ready at the next poll) and not
@@ -40,6 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
     tree = os.environ.get(TREE_ENV)
     if tree:
         config._syncfree_series_tree = install(Path(tree))  # type: ignore[attr-defined]
+
+
+def install_from_env() -> str | None:
+    """In a process that pytest did not start (a spawned rank): install tree mode if :data:`TREE_ENV` is set."""
+    tree = os.environ.get(TREE_ENV)
+    return install(Path(tree)) if tree else None
+
+
+def series_module(name: str) -> ModuleType | None:
+    """The patched tree's module ``name`` (e.g. ``torchmetrics.utilities.distributed``) in tree mode, else ``None``."""
+    return sys.modules.get(f"{_ALIAS}.{name}")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -132,7 +151,6 @@ def _simulate_device(deferred: ModuleType) -> None:
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
 AREAS_WITHOUT_PATCHES = {
     "classification": "sync-free classification (issue 3) landed in the layer; its patches are still to be ported",
-    "distributed": "the DDP gloo fallback (issue 4) landed in the layer; its patch is still to be ported",
 }
 
 
@@ -186,6 +204,10 @@ def install(tree: Path) -> str:
     swapped = []
     for name, specs in targets.items():
         module = _load(patched_src / Path(*name.split(".")).with_suffix(".py"), f"{_ALIAS}.{name}")
+        stock = importlib.import_module(name)
+        for attr, value in vars(module).items():  # the series' new helpers, for imports from the series' code
+            if not hasattr(stock, attr):
+                setattr(stock, attr, value)
         for spec in specs:
             owner: Any = module
             for part in spec.target.removeprefix(f"{name}.").split("."):

@@ -6,6 +6,9 @@ first, then patched, then unpatched; the ranks write what they saw to files, and
 is bounded: collectives time out after :data:`TIMEOUT`, a world that is not done after
 :data:`WORLD_TIMEOUT_S` is killed and the test fails with the stacks of its ranks.
 
+In tree mode (``tests/_series_tree.py``) the ranks install it themselves (:func:`_rank_main`), so ``patch_all()``
+gives them the patched tree's functions; the fallback's mode, group and cache are then the tree's (:class:`_Fallback`).
+
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import torch.multiprocessing as mp
 from torchmetrics import MetricCollection
 from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
+
+from tests import _series_tree
 
 pytestmark = pytest.mark.ddp
 
@@ -127,12 +132,41 @@ class _Spy:
         dist.new_group, dist.barrier = counting_new_group, recording_barrier
 
 
+class _Fallback:
+    """The fallback's mode switch, group and cache: the layer's, or in tree mode the patched tree's."""
+
+    def __init__(self) -> None:
+        from torchmetrics_syncfree import distributed as sfd
+
+        self.layer = sfd
+        self.tree = _series_tree.series_module("torchmetrics.utilities.distributed")
+
+    def set_mode(self, mode: str | None) -> None:
+        if self.tree is None:
+            self.layer.set_fallback_mode(mode)
+        elif mode is None:
+            os.environ.pop(self.tree._DDP_FALLBACK_ENV, None)
+        else:
+            os.environ[self.tree._DDP_FALLBACK_ENV] = mode
+
+    def group(self, group: Any | None = None) -> Any:
+        """The group CPU states of ``group`` are gathered on (created if needed)."""
+        if self.tree is None:
+            return self.layer.fallback_group(group)
+        if self.tree._needs_ddp_fallback(torch.empty(0), group):
+            return self.tree._gloo_fallback_group(group)
+        return dist.group.WORLD if group is None else group
+
+    def cached(self) -> int:
+        return len(self.layer._fallbacks if self.tree is None else self.tree._gloo_fallback_groups)
+
+
 # ----------------------------------------------------------------------------------------------- the scenarios --
 def _cuda_only_world(rank: int, world_size: int) -> dict[str, Any]:
     """A world whose groups have no CPU backend, like NCCL; checks stock, patched (both modes), unpatched."""
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import distributed as sfd
 
+    fallbacks = _Fallback()
     halves = [list(range(world_size // 2)), list(range(world_size // 2, world_size))]
     gloo_all = dist.new_group(backend="gloo")
     subgroups = [dist.new_group(ranks) for ranks in halves] if world_size == 4 else []
@@ -145,28 +179,28 @@ def _cuda_only_world(rank: int, world_size: int) -> dict[str, Any]:
     torchmetrics_syncfree.patch_all()
     spy.barrier_groups.clear()
     out["world"] = _suite([rank], None, gloo_all)
-    fallback = sfd.fallback_group()
+    fallback = fallbacks.group()
     kinds = {id(fallback): "fallback", id(gloo_all): "native"}  # the collection's native member syncs on gloo_all
     out["barriers"] = sorted({kinds.get(id(group), "other") for group in spy.barrier_groups})
     out["world_again"] = _suite([rank], None, gloo_all)
-    out["fallback_cached"] = sfd.fallback_group() is fallback
+    out["fallback_cached"] = fallbacks.group() is fallback
     out["new_groups_world"] = spy.new_groups
     out["gloo"] = _suite([rank], gloo_all, gloo_all)
-    out["gloo_is_own_fallback"] = sfd.fallback_group(gloo_all) is gloo_all
+    out["gloo_is_own_fallback"] = fallbacks.group(gloo_all) is gloo_all
     out["new_groups_gloo"] = spy.new_groups
     if subgroups:
         out["sub"] = _suite([rank], subgroups[rank // 2], gloo_subgroups[rank // 2])
         out["new_groups_sub"] = spy.new_groups
         out["gloo_sub"] = _suite([rank], gloo_subgroups[rank // 2], gloo_subgroups[rank // 2])
 
-    sfd.set_fallback_mode("off")
+    fallbacks.set_mode("off")
     out["off_error"] = _error(lambda: _suite([rank], only="mean"))
-    sfd.set_fallback_mode("device")
+    fallbacks.set_mode("device")
     if torch.cuda.is_available():
         out["device"] = _suite([rank], None, gloo_all)
     else:  # the state is sent to the group's device, which this machine does not have
         out["device_error"] = _error(lambda: _suite([rank], only="mean"))
-    sfd.set_fallback_mode(None)
+    fallbacks.set_mode(None)
     out["new_groups_final"] = spy.new_groups
 
     torchmetrics_syncfree.unpatch_all()
@@ -177,13 +211,12 @@ def _cuda_only_world(rank: int, world_size: int) -> dict[str, Any]:
 def _gloo_world(rank: int, world_size: int) -> dict[str, Any]:
     """A plain gloo world: patched must be stock, with no extra group."""
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import distributed as sfd
 
     spy = _Spy()
     out = {"stock": _suite([rank])}
     torchmetrics_syncfree.patch_all()
     out["patched"] = _suite([rank])
-    out["fallback_is_world"] = sfd.fallback_group() is dist.group.WORLD
+    out["fallback_is_world"] = _Fallback().group() is dist.group.WORLD
     out["new_groups"] = spy.new_groups
     return out
 
@@ -191,12 +224,11 @@ def _gloo_world(rank: int, world_size: int) -> dict[str, Any]:
 def _reinit_world(rank: int, world_size: int) -> dict[str, Any]:
     """A new cuda-only world in processes whose earlier world had a fallback group: a new one must be made."""
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import distributed as sfd
 
     spy = _Spy()
     torchmetrics_syncfree.patch_all()
     out = {"patched": _suite([rank], only="mean"), "new_groups": spy.new_groups}
-    out["cached"] = len(sfd._fallbacks)  # the dead world's group is forgotten, not kept alive
+    out["cached"] = _Fallback().cached()  # the dead world's group is forgotten, not kept alive
     return out
 
 
@@ -214,8 +246,9 @@ def _rank_main(scenarios: list[str], rank: int, world_size: int, tmp: str) -> No
     faulthandler.dump_traceback_later(WORLD_TIMEOUT_S - 10, exit=True, file=sys.stderr)
     if sys.platform == "linux":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"tree_mode": None}
     try:
+        results["tree_mode"] = _series_tree.install_from_env()  # before anything is patched
         for index, scenario in enumerate(scenarios):
             backend, fn = SCENARIOS[scenario]
             init = f"file://{tmp}/store{index}"
@@ -258,6 +291,8 @@ def run_world(scenarios: list[str], world_size: int, tmp_path: Path) -> list[dic
             f"{scenarios} on {world_size} ranks: hung ranks {hung}, errors:\n"
             + "\n".join(f"--- rank {rank}:\n{err}" for rank, err in errors.items())
         )
+    in_tree_mode = bool(os.environ.get(_series_tree.TREE_ENV))
+    assert [o["result"].pop("tree_mode") is not None for o in outcomes] == [in_tree_mode] * world_size
     return [o["result"] for o in outcomes]
 
 
