@@ -36,6 +36,11 @@ def _write(tmp_path, benchmarks):
     return path
 
 
+def _paired(config, call, area, ratio):
+    info = {"config": config, "call": call, "mode": "paired", "area": area, "ratio": ratio}
+    return {"group": f"paired :: {call}", "extra_info": info, "stats": {"median": 1e-3}}
+
+
 def test_ratio_table_and_targets(tmp_path, capsys):
     path = _write(
         tmp_path,
@@ -46,16 +51,23 @@ def test_ratio_table_and_targets(tmp_path, capsys):
             _bench("SumMetric() update(loss)", "forward", "patched", "aggregation", 110e-6),
             _bench("Accuracy(task='binary')", "update", "stock", "classification", 50e-6),
             _bench("Accuracy(task='binary')", "update", "patched", "classification", 60e-6),
+            _paired("Accuracy(task='binary')", "update", "classification", 1.03),
+            _bench("Accuracy(task='binary')", "compute", "stock", "classification", 50e-6),
+            _bench("Accuracy(task='binary')", "compute", "patched", "classification", 60e-6),
+            _paired("R2Score()", "update", "regression", 1.5),
             {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
         ],
     )
     ratios = _ratios()
     assert ratios.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| MeanMetric() update(loss) | update | 40.0 | 20.0 | 0.50 | <= 0.75 met |" in out
-    assert "| SumMetric() update(loss) | forward | 100.0 | 110.0 | 1.10 | <= 1.05 MISSED |" in out
-    assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 |  |" in out
-    assert "1/2 issue-2 targets met" in out
+    assert "| MeanMetric() update(loss) | update | 40.0 | 20.0 | 0.50 |  | <= 0.75 met |" in out
+    assert "| SumMetric() update(loss) | forward | 100.0 | 110.0 | 1.10 |  | <= 1.05 MISSED |" in out
+    # the paired ratio decides where it exists: 1.20 sequential, 1.03 paired
+    assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 | 1.03 | <= 1.05 met |" in out
+    assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |" in out  # issue 3 sets no compute target
+    assert "| R2Score() | update |  |  |  | 1.50 |  |" in out
+    assert "2/3 targets met" in out
     assert ratios.main([str(path), "--check"]) == 1
     assert ratios.main([str(path), "--check", "--area", "classification"]) == 0
 
