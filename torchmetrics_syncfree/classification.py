@@ -80,6 +80,10 @@ from torchmetrics_syncfree._registry import get_original, replaces
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
 _MODULE = "torchmetrics.classification.stat_scores"
+_BINARY_UPDATE = f"{_MODULE}.BinaryStatScores.update"
+_MULTICLASS_UPDATE = f"{_MODULE}.MulticlassStatScores.update"
+_MULTILABEL_UPDATE = f"{_MODULE}.MultilabelStatScores.update"
+_FINAL_STATE = f"{_MODULE}._AbstractStatScores._final_state"
 _ZERO_DIVISION_WARNING = "Detected zero division in _safe_divide. Setting 0/0 to 0.0"
 
 
@@ -555,30 +559,29 @@ def _labels_checked(preds: Tensor) -> bool:
 # the metrics: make the metric current during update, report pending checks in compute
 
 
-def _update(metric: Any, qualname: str, preds: Tensor, target: Tensor) -> None:
+def _update(metric: Any, stock_update: Callable[..., None], preds: Tensor, target: Tensor) -> None:
     if _deferred.queued():
         _deferred.poll(metric)
-    with _deferred.reporting_to(metric):
-        _stock(f"{_MODULE}.{qualname}")(metric, preds, target)
+    _deferred.call_reporting_to(metric, stock_update, metric, preds, target)
 
 
-@replaces(f"{_MODULE}.BinaryStatScores.update", params=("self", "preds", "target"), kind="metric_method")
+@replaces(_BINARY_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    _update(self, "BinaryStatScores.update", preds, target)
+    _update(self, _stock(_BINARY_UPDATE), preds, target)
 
 
-@replaces(f"{_MODULE}.MulticlassStatScores.update", params=("self", "preds", "target"), kind="metric_method")
+@replaces(_MULTICLASS_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    _update(self, "MulticlassStatScores.update", preds, target)
+    _update(self, _stock(_MULTICLASS_UPDATE), preds, target)
 
 
-@replaces(f"{_MODULE}.MultilabelStatScores.update", params=("self", "preds", "target"), kind="metric_method")
+@replaces(_MULTILABEL_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    _update(self, "MultilabelStatScores.update", preds, target)
+    _update(self, _stock(_MULTILABEL_UPDATE), preds, target)
 
 
-@replaces(f"{_MODULE}._AbstractStatScores._final_state", params=("self",))
+@replaces(_FINAL_STATE, params=("self",))
 def _final_state(self: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """First line of every stat-score ``compute()``: report the checks of earlier updates (waits outside forward)."""
     _deferred.report_pending(self)
-    return _stock(f"{_MODULE}._AbstractStatScores._final_state")(self)
+    return _stock(_FINAL_STATE)(self)
