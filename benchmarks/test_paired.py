@@ -27,7 +27,7 @@ import torchmetrics
 from torchmetrics_syncfree import _registry
 from torchmetrics_syncfree.audit import CALLS, CATALOGUE, build_metric, make_inputs
 
-ROUNDS = 30
+ROUNDS = 50
 #: host time per block of calls: long enough to time well, short enough that the machine does not drift within it
 BLOCK_SECONDS = 4e-3
 

@@ -583,5 +583,6 @@ def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
 @replaces(_FINAL_STATE, params=("self",))
 def _final_state(self: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """First line of every stat-score ``compute()``: report the checks of earlier updates (waits outside forward)."""
-    _deferred.report_pending(self)
+    if _deferred.queued():
+        _deferred.report_pending(self)
     return _stock(_FINAL_STATE)(self)
