@@ -162,9 +162,7 @@ def _simulate_device(deferred: ModuleType) -> None:
 
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
-AREAS_WITHOUT_PATCHES = {
-    "classification": "sync-free classification (issue 3) landed in the layer; its patches are still to be ported",
-}
+AREAS_WITHOUT_PATCHES: dict[str, str] = {}
 
 
 def series_specs() -> list[Any]:

@@ -89,10 +89,16 @@ DDP_PROJECT_TESTS = (
     "tests/test_ddp_fallback.py",
     "tests/test_distributed.py::test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu",
 )
+AGGREGATION_PROJECT_TESTS = ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py")
+CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 PROJECT_TESTS_FOR_SOURCE = {
-    "src/torchmetrics/aggregation.py": ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py"),
+    "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
+    "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS + CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
     "src/torchmetrics/metric.py": DDP_PROJECT_TESTS,
+    "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/utilities/compute.py": CLASSIFICATION_PROJECT_TESTS,
 }
 
 
