@@ -9,6 +9,9 @@ import torch
 import torchmetrics
 from torch import Tensor
 
+from tests import _series_tree
+from torchmetrics_syncfree import _deferred
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
 
 NUM_CLASSES = 6
@@ -98,3 +101,9 @@ def configs(metrics: tuple[str, ...] = METRICS) -> list[tuple[str, str, str, int
 
 def config_id(config: tuple[Any, ...]) -> str:
     return "-".join(str(part) for part in config)
+
+
+def pending_checks(metric: Any) -> int:
+    """Checks of ``metric`` not read yet: in the layer's queue, or in tree mode in the series' own
+    (``torchmetrics.utilities.deferred`` of the patched tree)."""
+    return (_series_tree.series_module("torchmetrics.utilities.deferred") or _deferred).pending(metric)

@@ -15,6 +15,9 @@ Set ``TORCHMETRICS_SYNCFREE_SERIES_TREE`` to a checkout with the series applied 
 Module-level names that the series adds to a changed module (its new helpers) are also set on the unpatched
 module of that name: the series' code may import them from there (``Metric._sync_dist`` imports
 ``torchmetrics.utilities.distributed._sync_on_backend`` when it runs), and unpatched code never looks them up.
+The changed modules are loaded under an alias, so a function one of them imports from another changed module (the
+tree's ``MulticlassStatScores.update`` calls ``_multiclass_stat_scores_tensor_validation``) would be the unpatched
+one; such names are rebound to the tree's functions (:func:`_link_changed_modules`).
 
 Spawned processes (the DDP suites' ranks) do not run pytest's hooks: they call :func:`install_from_env` before
 patching, or they would test the layer instead of the series. :func:`series_module` gives the suites the patched
@@ -23,7 +26,8 @@ tree's module of a target, for what they inspect beyond the targets (the DDP fal
 The series' ``torchmetrics.utilities.deferred`` reads CPU flags at once (free on CPU). While a CPU ``SyncProbe`` is
 active the layer's ``_deferred`` takes the CUDA path instead, so that the probe sees what a GPU run does; the same is
 arranged here by routing CPU flags into the tree's own queue (a host copy that is ready at the next poll) and not
-counting the read of that host copy. The tree's queue, ordering and poll/flush logic are what run.
+counting the read of that host copy. The tree's queue, ordering and poll/flush logic are what run. Likewise the
+tree's ``deferred.reads_are_free`` (which picks the CPU fast paths) answers like the layer's: false under such a probe.
 
 """
 
@@ -35,13 +39,15 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 import pytest
 
 TREE_ENV = "TORCHMETRICS_SYNCFREE_SERIES_TREE"
 _ALIAS = "_syncfree_series"
+#: the modules the series adds, by name, once tree mode is installed
+_added: dict[str, ModuleType] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,8 +63,11 @@ def install_from_env() -> str | None:
 
 
 def series_module(name: str) -> ModuleType | None:
-    """The patched tree's module ``name`` (e.g. ``torchmetrics.utilities.distributed``) in tree mode, else ``None``."""
-    return sys.modules.get(f"{_ALIAS}.{name}")
+    """The patched tree's module ``name`` (e.g. ``torchmetrics.utilities.distributed``) in tree mode, else ``None``.
+
+    A module the series adds (``torchmetrics.utilities.deferred``) is loaded under its own name.
+    """
+    return sys.modules.get(f"{_ALIAS}.{name}") or _added.get(name)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -126,7 +135,10 @@ def _simulate_device(deferred: ModuleType) -> None:
     """While a CPU probe is active, CPU flags take the tree's asynchronous path (see the module docstring)."""
     from torchmetrics_syncfree import probe
 
-    check, drain, flush = deferred.check, deferred._drain, deferred.flush
+    check, drain, flush, reads_are_free = deferred.check, deferred._drain, deferred.flush, deferred.reads_are_free
+
+    def simulated_reads_are_free(tensor: Any) -> bool:  # the layer's _deferred.reads_are_free
+        return reads_are_free(tensor) and not probe.simulating_device()
 
     def simulated_check(metric: Any, flag: Any, action: Any) -> None:
         if flag.device.type == "cpu" and probe.simulating_device():
@@ -145,13 +157,12 @@ def _simulate_device(deferred: ModuleType) -> None:
         flush(metric)
 
     deferred.check, deferred._drain, deferred.flush = simulated_check, quiet_drain, simulated_flush
+    deferred.reads_are_free = simulated_reads_are_free
 
 
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
-AREAS_WITHOUT_PATCHES = {
-    "classification": "sync-free classification (issue 3) landed in the layer; its patches are still to be ported",
-}
+AREAS_WITHOUT_PATCHES: dict[str, str] = {}
 
 
 def series_specs() -> list[Any]:
@@ -182,6 +193,22 @@ def drift(stock_src: Path, patched_src: Path, specs: list[Any]) -> tuple[list[st
     return problems, targets
 
 
+def _link_changed_modules(loaded: dict[str, ModuleType]) -> None:
+    """Make the loaded modules call each other's functions, not stock's.
+
+    ``from torchmetrics.functional.classification.stat_scores import _multiclass_stat_scores_update`` at the top of
+    the tree's ``classification/stat_scores.py`` binds, while tree mode loads it, the unpatched function (the alias
+    modules are not ``sys.modules["torchmetrics..."]``), and ``patch_all()`` only swaps names in ``torchmetrics.*``
+    modules. Every such function of a changed module is rebound here to the tree's function of the same name, so the
+    tree's update methods run the tree's validation and counting, as they do in the patched tree itself.
+    """
+    for module in loaded.values():
+        for attr, value in list(vars(module).items()):
+            source = loaded.get(getattr(value, "__module__", None)) if isinstance(value, FunctionType) else None
+            if source is not None and source is not module:
+                setattr(module, attr, getattr(source, value.__name__))
+
+
 def install(tree: Path) -> str:
     """Swap the layer's replacements for the patched tree's functions; raises ``pytest.UsageError`` on drift."""
     import torchmetrics
@@ -199,15 +226,21 @@ def install(tree: Path) -> str:
         module = _load(file, name)
         parent, _, leaf = name.rpartition(".")
         setattr(importlib.import_module(parent), leaf, module)
+        _added[name] = module
         if name == "torchmetrics.utilities.deferred":
             _simulate_device(module)
     swapped = []
-    for name, specs in targets.items():
-        module = _load(patched_src / Path(*name.split(".")).with_suffix(".py"), f"{_ALIAS}.{name}")
+    loaded = {
+        name: _load(patched_src / Path(*name.split(".")).with_suffix(".py"), f"{_ALIAS}.{name}") for name in targets
+    }
+    for name, module in loaded.items():
         stock = importlib.import_module(name)
         for attr, value in vars(module).items():  # the series' new helpers, for imports from the series' code
             if not hasattr(stock, attr):
                 setattr(stock, attr, value)
+    _link_changed_modules(loaded)
+    for name, specs in targets.items():
+        module = loaded[name]
         for spec in specs:
             owner: Any = module
             for part in spec.target.removeprefix(f"{name}.").split("."):

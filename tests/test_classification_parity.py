@@ -11,7 +11,17 @@ import torch
 from torch import Tensor
 
 import torchmetrics_syncfree
-from tests._classification_cases import ABSENT, METRICS, NUM_CLASSES, batches, config_id, configs, cuda, make_metric
+from tests._classification_cases import (
+    ABSENT,
+    METRICS,
+    NUM_CLASSES,
+    batches,
+    config_id,
+    configs,
+    cuda,
+    make_metric,
+    pending_checks,
+)
 from torchmetrics_syncfree import SyncProbe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
@@ -214,13 +224,7 @@ def test_invalid_input_raises_at_next_update_on_device(syncfree: Any) -> None:
         metric.update(preds, target)
         with pytest.raises(RuntimeError, match="Detected the following values in `target`"):
             metric.update(preds, target.clamp(max=1))
-    assert _deferred_pending(metric) == 0
-
-
-def _deferred_pending(metric: Any) -> int:
-    from torchmetrics_syncfree import _deferred
-
-    return _deferred.pending(metric)
+    assert pending_checks(metric) == 0
 
 
 def test_invalid_multiclass_message_is_stock_where_stock_raises() -> None:

@@ -8,7 +8,17 @@ import pytest
 import torch
 
 import torchmetrics_syncfree
-from tests._classification_cases import METRICS, TASK_AVERAGES, batches, config_id, configs, cuda, make_metric
+from tests import _series_tree
+from tests._classification_cases import (
+    METRICS,
+    TASK_AVERAGES,
+    batches,
+    config_id,
+    configs,
+    cuda,
+    make_metric,
+    pending_checks,
+)
 from torchmetrics_syncfree import SyncProbe, _deferred, probe
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
@@ -94,9 +104,9 @@ def test_one_check_per_update(syncfree: Any) -> None:
     preds, target = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, -1, 1])
     with SyncProbe():
         metric.update(preds, target)
-        assert _deferred.pending(metric) == 1
+        assert pending_checks(metric) == 1
         metric.update(preds, target)  # reads the first, files the second
-        assert _deferred.pending(metric) == 1
+        assert pending_checks(metric) == 1
 
 
 def test_metric_created_before_patching_is_sync_free() -> None:
@@ -123,13 +133,21 @@ def test_multiclass_other_arguments_sync_free(syncfree: Any, kwargs: dict, ignor
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method of metric")
 def test_zero_division_warn_is_deferred(syncfree: Any) -> None:
-    """``_safe_divide(..., "warn")`` inside a patched update warns through the metric, without a host read."""
+    """``_safe_divide(..., "warn")`` inside a patched update warns through the metric, without a host read.
+
+    The layer finds the metric of the running update through ``_deferred.reporting_to``; the series' ``_safe_divide``
+    (tree mode) takes it as its ``metric`` argument.
+    """
     from torchmetrics.utilities.compute import _safe_divide
 
     metric = make_metric("Accuracy", "binary", "micro")
     num, denom = torch.tensor([1.0, 0.0]), torch.tensor([2.0, 0.0])
-    with SyncProbe() as p, _deferred.reporting_to(metric):
-        result = _safe_divide(num, denom, "warn")
+    if _series_tree.series_module("torchmetrics.utilities.deferred") is not None:
+        with SyncProbe() as p:
+            result = _safe_divide(num, denom, "warn", metric=metric)
+    else:
+        with SyncProbe() as p, _deferred.reporting_to(metric):
+            result = _safe_divide(num, denom, "warn")
     assert p.count == 0, p.summary()
     torch.testing.assert_close(result, torch.tensor([0.5, 0.0]))
     with pytest.warns(UserWarning, match="Detected zero division"):

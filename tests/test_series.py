@@ -165,3 +165,58 @@ def test_make_regenerates_the_same_series(checkout: Path, tmp_path: Path, snapsh
     assert [p.name for p in made] == [p.name for p in series.patch_files()]
     for new, old in zip(made, series.patch_files()):
         assert new.read_text() == old.read_text(), new.name
+
+
+def _recorded(outcomes: dict[str, str]) -> series.RecordedBaseline:
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for name, outcome in outcomes.items():
+        grouped.setdefault(series._function(name), []).append((name, outcome))
+    functions = {
+        function: {
+            "passed": sum(o == "passed" for _, o in items),
+            "skipped": sum(o == "skipped" for _, o in items),
+            "failed": sum(o == "failed" for _, o in items),
+            "digest": series._digest(items),
+        }
+        for function, items in grouped.items()
+    }
+    return series.RecordedBaseline(["unittests/classification/test_x.py"], functions)
+
+
+def test_recorded_baseline_finds_what_a_live_baseline_finds():
+    """A record of the unpatched outcomes flags failures, new skips and missing tests, and nothing else."""
+    stock = {
+        "tests.unittests.classification.test_x.TestX::test_a[0]": "passed",
+        "tests.unittests.classification.test_x.TestX::test_a[1]": "skipped",
+        "tests.unittests.classification.test_x::test_b": "passed",
+    }
+    recorded = _recorded(stock)
+    assert recorded.covers("tests.unittests.classification.test_x.TestX::test_a[0]")
+    assert not recorded.covers("tests.unittests.classification.test_xy::test_c")
+    assert recorded.summary() == "2 passed, 1 skipped, 0 failed"
+    added = {"tests.unittests.classification.test_x::test_new[cuda]": "skipped"}
+    assert recorded.compare(series.Outcomes({**stock, **added})) == []
+    problems = recorded.compare(
+        series.Outcomes({**stock, "tests.unittests.classification.test_x.TestX::test_a[0]": "skipped"})
+    )
+    assert problems == [
+        "tests.unittests.classification.test_x.TestX::test_a: 0 passed, 2 skipped on the patched tree;"
+        " recorded on stock: 1 passed, 1 skipped"
+    ]
+    failed = recorded.compare(series.Outcomes({**stock, "tests.unittests.classification.test_x::test_b": "failed"}))
+    assert failed[0] == "FAILED on the patched tree: tests.unittests.classification.test_x::test_b"
+    missing = {k: v for k, v in stock.items() if "test_b" not in k}
+    assert recorded.compare(series.Outcomes(missing)) == [
+        "missing on the patched tree: tests.unittests.classification.test_x::test_b (1 passed on stock)"
+    ]
+
+
+@needs_snapshots
+def test_recorded_baselines_match_their_snapshots():
+    """Every committed record names a snapshot in ../shared/upstream/ and was made from that very archive."""
+    records = sorted(series.BASELINES_DIR.glob("*.json"))
+    assert records, "tools/baselines/ holds the heavy suites' unpatched outcomes (python tools/series.py baseline)"
+    for record in records:
+        archive = next(a for a in SNAPSHOTS if series.baseline_file(a) == record)
+        baseline, why = series.RecordedBaseline.load(archive, series.HEAVY_TESTS)
+        assert baseline is not None, why

@@ -6,6 +6,7 @@ Commands::
     python tools/series.py checkout DIR                 # snapshot -> DIR, tag `upstream`, branch `syncfree` = series
     python tools/series.py make CHECKOUT [--base upstream] [--head HEAD]   # git format-patch -> patches/
     python tools/series.py test [--archive A ...]       # what `tox -e upstream` runs (see CONTRIBUTING.md)
+    python tools/series.py baseline [--archive A]       # record the unpatched outcomes of the heavy suites
 
 ``apply`` never leaves a checkout half-patched: when a patch does not apply, it names the patch and the file (and
 line) that failed, runs ``git am --abort`` and so restores the checkout's HEAD, index and work tree.
@@ -16,7 +17,11 @@ from __future__ import annotations
 
 import argparse
 import email
+import hashlib
+import importlib.metadata
+import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -25,9 +30,10 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from _upstream import GIT_IDENTITY, REPO, SHARED_UPSTREAM, SNAPSHOTS, git, make_checkout, snapshot_label, unpack
 
@@ -47,6 +53,24 @@ TESTS_FOR_SOURCE = {
     "src/torchmetrics/utilities/compute.py": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/metric.py": (("unittests/bases/test_metric.py",), False),
 }
+#: the heavy suites' unpatched outcomes, recorded per snapshot (``python tools/series.py baseline``): the default
+#: ``test`` compares with them instead of running the heavy suites a second time on the unpatched tree
+BASELINES_DIR = REPO / "tools" / "baselines"
+HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if heavy for t in tests}))
+#: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
+BASELINE_PACKAGES = (
+    "torch",
+    "numpy",
+    "scipy",
+    "scikit-learn",
+    "lightning-utilities",
+    "typing_extensions",
+    "pytest",
+    "pytest-xdist",
+    "pytest-timeout",
+    "pytest-rerunfailures",
+    "pytest-doctestplus",
+)
 #: needs matplotlib and the optional extras of every metric domain; the series touches no plotting code
 IGNORED_TESTS = ("unittests/utilities/test_plot.py",)
 #: test ids (relative to tests/) left out. test_check_full_state_update_fn compares wall-clock times of full and
@@ -65,10 +89,16 @@ DDP_PROJECT_TESTS = (
     "tests/test_ddp_fallback.py",
     "tests/test_distributed.py::test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu",
 )
+AGGREGATION_PROJECT_TESTS = ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py")
+CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 PROJECT_TESTS_FOR_SOURCE = {
-    "src/torchmetrics/aggregation.py": ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py"),
+    "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
+    "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS + CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
     "src/torchmetrics/metric.py": DDP_PROJECT_TESTS,
+    "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/utilities/compute.py": CLASSIFICATION_PROJECT_TESTS,
 }
 
 
@@ -338,11 +368,190 @@ def _project_suites(stock: Path, patched: Path, touched: Sequence[str], workers:
     return result.returncode == 0, time.monotonic() - start, lines[-1] if lines else ""
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in BASELINE_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _test_module(path: str) -> str:
+    """``unittests/classification/test_x.py`` -> ``tests.unittests.classification.test_x`` (junit classname)."""
+    return "tests." + path.removesuffix(".py").replace("/", ".")
+
+
+def _function(name: str) -> str:
+    """A test id without its parametrisation: ``mod.Class::test_x[a-b]`` -> ``mod.Class::test_x``."""
+    return name.split("[", 1)[0]
+
+
+def _suite(name: str) -> str:
+    """The test file of a junit ``classname::name`` (``tests.unittests.a.test_x.Y::t`` -> ``unittests/a/test_x.py``)."""
+    parts = name.split("::", 1)[0].split(".")
+    end = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+    return "/".join(parts[1 : end + 1]) + ".py"
+
+
+def _suite_counts(outcomes: Iterable[tuple[str, str]]) -> dict[str, Counter]:
+    counts: dict[str, Counter] = {}
+    for name, outcome in outcomes:
+        counts.setdefault(_suite(name), Counter())[outcome] += 1
+    return counts
+
+
+def _suite_table(label: str, stock: dict[str, Counter], patched: dict[str, Counter]) -> list[str]:
+    def text(counts: Counter | None) -> str:
+        return f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed" if counts else "-"
+
+    return [
+        f"{label:16} {suite:52} stock: {text(stock.get(suite))} | patched: {text(patched.get(suite))}"
+        for suite in sorted(stock.keys() | patched.keys())
+    ]
+
+
+def _digest(outcomes: Sequence[tuple[str, str]]) -> str:
+    return hashlib.sha256("\n".join(f"{n} {o}" for n, o in sorted(outcomes)).encode()).hexdigest()[:16]
+
+
+def _run_options(tests: Sequence[str]) -> list[str]:
+    """The ``--ignore``/``--deselect`` options of :func:`_pytest` for ``tests`` (a change makes a record stale)."""
+    options = [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect=tests/{t}" for t in DESELECTED_TESTS]
+    return [o for o in options if any(o.split("=", 1)[1].removeprefix("tests/").startswith(t) for t in tests)]
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
+def baseline_file(archive: Path) -> Path:
+    """Where the recorded outcomes of the heavy suites on the unpatched ``archive`` live."""
+    return BASELINES_DIR / f"{snapshot_label(archive)}-classification.json"
+
+
+@dataclass
+class RecordedBaseline:
+    """Unpatched outcomes of the heavy suites, per test function: counts and a digest of every id with its outcome."""
+
+    tests: list[str]
+    functions: dict[str, dict[str, Any]]
+
+    def covers(self, name: str) -> bool:
+        """Whether the test ``name`` (junit ``classname::name``) belongs to the recorded suites."""
+        classname = name.split("::", 1)[0]
+        return any(classname == m or classname.startswith(f"{m}.") for m in map(_test_module, self.tests))
+
+    def suite_counts(self) -> dict[str, Counter]:
+        """Recorded outcomes per test file."""
+        counts: dict[str, Counter] = {}
+        for function, recorded in self.functions.items():
+            counts.setdefault(_suite(function), Counter()).update(
+                {k: recorded[k] for k in ("passed", "skipped", "failed")}
+            )
+        return counts
+
+    def summary(self) -> str:
+        """``N passed, N skipped, N failed`` over the recorded suites."""
+        total: Counter = Counter()
+        for counts in self.functions.values():
+            total.update({k: counts[k] for k in ("passed", "skipped", "failed")})
+        return f"{total['passed']} passed, {total['skipped']} skipped, {total['failed']} failed"
+
+    @classmethod
+    def load(cls, archive: Path, tests: Sequence[str]) -> tuple[RecordedBaseline | None, str]:
+        """The record for ``archive`` if it covers ``tests`` and was made from the same snapshot; else why not."""
+        path = baseline_file(archive)
+        if not tests:
+            return None, "no heavy suite to run"
+        if not path.is_file():
+            return None, f"no recorded baseline {_shown(path)}"
+        data = json.loads(path.read_text())
+        if data["sha256"] != _sha256(archive):
+            return None, f"{path.name} was recorded from another {archive.name} (sha256 differs)"
+        if not set(tests) <= set(data["tests"]) or data["options"] != _run_options(data["tests"]):
+            return None, f"{path.name} does not record these suites with today's options ({list(tests)})"
+        versions = _versions()
+        changed = {k: f"{v} -> {versions.get(k)}" for k, v in data["versions"].items() if versions.get(k) != v}
+        if changed:  # a new release can change which tests pass; any failure on the patched tree is reported anyway
+            print(f"note: {path.name} was recorded with other versions: {changed}", flush=True)
+        return cls(data["tests"], data["functions"]), f"recorded in {_shown(path)}"
+
+    def compare(self, patched: Outcomes) -> list[str]:
+        """Problems of the patched outcomes of the recorded suites, as :func:`compare_outcomes` finds them."""
+        problems = [f"FAILED on the patched tree: {n}" for n, o in sorted(patched.tests.items()) if o == "failed"]
+        grouped: dict[str, list[tuple[str, str]]] = {}
+        for name, outcome in patched.tests.items():
+            grouped.setdefault(_function(name), []).append((name, outcome))
+        for function, stock in sorted(self.functions.items()):
+            mine = grouped.get(function, [])
+            if _digest(mine) == stock["digest"]:
+                continue
+            counts = Counter(outcome for _, outcome in mine)
+            if not mine:
+                problems.append(f"missing on the patched tree: {function} ({stock['passed']} passed on stock)")
+            elif counts["passed"] < stock["passed"] or counts["skipped"] > stock["skipped"]:
+                problems.append(
+                    f"{function}: {counts['passed']} passed, {counts['skipped']} skipped on the patched tree;"
+                    f" recorded on stock: {stock['passed']} passed, {stock['skipped']} skipped"
+                )
+        return problems
+
+
+def record_baseline(archive: Path, workers: int, tests: Sequence[str] = HEAVY_TESTS) -> Path:
+    """Run ``tests`` on the unpatched ``archive`` and write their outcomes to :func:`baseline_file`."""
+    with tempfile.TemporaryDirectory(prefix="series-baseline-") as tmp:
+        stock = unpack(archive, Path(tmp))
+        outcomes, seconds = _pytest(stock, tests, Path(tmp) / "baseline.xml", workers)
+    return write_baseline(archive, tests, outcomes, seconds)
+
+
+def write_baseline(archive: Path, tests: Sequence[str], outcomes: Outcomes, seconds: float) -> Path:
+    """Write the unpatched ``outcomes`` of ``tests`` on ``archive`` (a :func:`_pytest` run) to :func:`baseline_file`."""
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for name, outcome in outcomes.tests.items():
+        grouped.setdefault(_function(name), []).append((name, outcome))
+    functions = {}
+    for function, items in sorted(grouped.items()):
+        counts = Counter(outcome for _, outcome in items)
+        functions[function] = {
+            "passed": counts["passed"],
+            "skipped": counts["skipped"],
+            "failed": counts["failed"],
+            "digest": _digest(items),
+        }
+    data = {
+        "about": "unpatched outcomes of the heavy upstream suites; regenerate: python tools/series.py baseline",
+        "snapshot": archive.name,
+        "sha256": _sha256(archive),
+        "versions": _versions(),
+        "tests": list(tests),
+        "options": _run_options(tests),
+        "summary": outcomes.summary(),
+        "seconds": round(seconds),
+        "functions": functions,
+    }
+    path = baseline_file(archive)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
 def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: str, project: str) -> int:
     """Apply the series to each snapshot and check it; returns the number of problems found."""
     patches = patch_files(series)
     problems: list[str] = []
     rows = []
+    suites_text: list[str] = []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="series-test-") as tmp:
         for index, archive in enumerate(archives):
@@ -363,13 +572,32 @@ def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str
             after_report, before_report = Path(tmp) / f"{label}-after.xml", Path(tmp) / f"{label}-before.xml"
             after, seconds = _pytest(patched, paths, after_report, workers)
             before: Outcomes | None = None
-            if baseline == "all" or (baseline == "first" and index == 0):
-                before, stock_seconds = _pytest(stock, paths, before_report, workers)
-                seconds += stock_seconds
-                problems += [f"{label}: {p}" for p in compare_outcomes(before, after)]
+            recorded: RecordedBaseline | None = None
+            if baseline == "first" and index == 0:  # the heavy suites' unpatched outcomes from the record if it fits
+                recorded, why = RecordedBaseline.load(archive, [p for p in paths if p in HEAVY_TESTS])
+                print(f"baseline of the heavy suites: {why}" + ("" if recorded else " (running them)"), flush=True)
+            if recorded is not None:
+                covered = Outcomes({n: o for n, o in after.tests.items() if recorded.covers(n)})
+                problems += [f"{label}: {p}" for p in recorded.compare(covered)]
+                after_live = Outcomes({n: o for n, o in after.tests.items() if n not in covered.tests})
+                live_paths = [p for p in paths if p not in recorded.tests]
             else:
-                problems += [f"{label}: {p}" for p in compare_outcomes(Outcomes(), after)]
-            rows.append((label, "upstream tests", before.summary() if before else "-", after.summary(), seconds))
+                after_live, live_paths = after, paths
+            if baseline == "all" or (baseline == "first" and index == 0):
+                before, stock_seconds = _pytest(stock, live_paths, before_report, workers)
+                seconds += stock_seconds
+                problems += [f"{label}: {p}" for p in compare_outcomes(before, after_live)]
+            else:
+                problems += [f"{label}: {p}" for p in compare_outcomes(Outcomes(), after_live)]
+            stock_text = before.summary() if before else "-"
+            if recorded is not None:
+                stock_text += f" + recorded {recorded.summary()}"
+            rows.append((label, "upstream tests", stock_text, after.summary(), seconds))
+            stock_suites = _suite_counts(before.tests.items() if before else ())
+            if recorded is not None:
+                for suite, counts in recorded.suite_counts().items():
+                    stock_suites.setdefault(suite, Counter()).update(counts)
+            suites_text += _suite_table(label, stock_suites, _suite_counts(after.tests.items()))
 
             sources = [p for p in touched if p.endswith(".py")]
             new_findings = _ruff_findings(patched, sources, ruff) - _ruff_findings(stock, sources, ruff)
@@ -382,6 +610,7 @@ def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str
                     problems.append(f"{label}: the project's suites fail against the patched tree: {last}")
                 rows.append((label, "project suites (tree mode)", "", last, seconds))
             git("worktree", "remove", "--force", str(patched), cwd=stock, check=False)
+    print("\n=== per suite", *suites_text, sep="\n")
     print("\n=== summary")
     for label, what, before, after, seconds in rows:
         before_text = f"stock: {before} | " if before else ""
@@ -417,7 +646,16 @@ def main(argv: list[str] | None = None) -> int:
     p_test.add_argument("--archive", type=Path, action="append", help="snapshot(s); default: both in shared/upstream")
     p_test.add_argument("-n", "--workers", type=int, default=2)
     p_test.add_argument("--ruff", default="ruff", help="ruff executable (upstream pins its version in pre-commit)")
-    p_test.add_argument("--baseline", choices=("first", "all", "none"), default="first", help="unpatched runs too")
+    p_test.add_argument(
+        "--baseline",
+        choices=("first", "all", "none"),
+        default="first",
+        help="unpatched runs: first snapshot (its heavy suites from the record in tools/baselines/), all (live), none",
+    )
+
+    p_base = commands.add_parser("baseline", help="record the heavy suites' outcomes on an unpatched snapshot")
+    p_base.add_argument("--archive", type=Path, default=SHARED_UPSTREAM / SNAPSHOTS[0])
+    p_base.add_argument("-n", "--workers", type=int, default=2)
     p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
 
     args = parser.parse_args(argv)
@@ -431,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
             commits = checkout(args.dest, args.archive, args.series)
             label = snapshot_label(args.archive)
             print(f"{args.dest}: tag upstream = {label}, branch syncfree = {len(commits)} patches")
+        elif args.command == "baseline":
+            path = record_baseline(args.archive, args.workers)
+            print(f"{_shown(path)}: {json.loads(path.read_text())['summary']}")
         elif args.command == "make":
             made = make(args.checkout, args.base, args.head, args.series)
             print("\n".join(str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in made))

@@ -1,4 +1,4 @@
-"""Count would-be syncs (``SyncProbe``) of the aggregation calls on an upstream snapshot, unpatched vs patched tree.
+"""Count would-be syncs (``SyncProbe``) of aggregation and classification calls on a snapshot, unpatched vs patched.
 
 Usage::
 
@@ -17,13 +17,16 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from _upstream import REPO, SHARED_UPSTREAM, SNAPSHOTS, git, make_checkout, unpack
 
 
-def _calls() -> dict[str, tuple[type, object, object]]:
-    """The calls of the project's sync acceptance tests (``tests/test_aggregation_syncs.py``)."""
+def _aggregation_calls() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
+    """The calls of the project's aggregation sync acceptance tests (``tests/test_aggregation_syncs.py``)."""
     from torchmetrics.aggregation import MeanMetric
 
     from tests._aggregation_cases import AGGREGATORS, STRATEGIES
@@ -32,14 +35,49 @@ def _calls() -> dict[str, tuple[type, object, object]]:
     calls = {}
     for strategy in STRATEGIES:
         for name, call in MEAN_CALLS.items():
-            calls[f"MeanMetric({strategy!r}).{name}"] = (MeanMetric, strategy, call)
+            calls[f"MeanMetric({strategy!r}).{name}"] = (partial(MeanMetric, nan_strategy=strategy), call)
         for cls in AGGREGATORS:
             for label, value in (("vec", VEC), ("vec with nan", NAN_VEC)):
-                calls[f"{cls.__name__}({strategy!r}).update({label})"] = (cls, strategy, lambda m, v=value: m.update(v))
+                calls[f"{cls.__name__}({strategy!r}).update({label})"] = (
+                    partial(cls, nan_strategy=strategy),
+                    lambda m, v=value: m.update(v),
+                )
     return calls
 
 
-def _count(patched: bool) -> dict[str, int]:
+def _classification_calls() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
+    """``update`` and ``forward`` of F1Score for every task x average, with and without ``ignore_index``.
+
+    Five batches each (probabilities, logits, labels, an extra dimension, one class only; see
+    ``tests/_classification_cases.py``): F1Score is a ``*StatScores`` metric, whose update every classification metric
+    of the series shares.
+    """
+    from tests._classification_cases import TASK_AVERAGES, batches, make_metric
+
+    calls = {}
+    for task, average in TASK_AVERAGES:
+        for ignore_index in (None, -1):
+            data = batches(task, ignore_index, seed=0)
+            make = partial(make_metric, "F1Score", task, average, ignore_index)
+            label = f"F1Score({task}, {average}, ignore_index={ignore_index})"
+
+            def update(metric: Any, data: list = data) -> None:
+                for preds, target in data:
+                    metric.update(preds, target)
+
+            def forward(metric: Any, data: list = data) -> None:
+                for preds, target in data:
+                    metric(preds, target)
+
+            calls[f"{label}.update x{len(data)}"] = (make, update)
+            calls[f"{label}.forward x{len(data)}"] = (make, forward)
+    return calls
+
+
+AREAS = {"aggregation": _aggregation_calls, "classification": _classification_calls}
+
+
+def _count(patched: bool, calls: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]) -> dict[str, int]:
     from contextlib import nullcontext, suppress
 
     from torchmetrics_syncfree import SyncProbe
@@ -48,8 +86,8 @@ def _count(patched: bool) -> dict[str, int]:
     counts = {}
     with patched_context() if patched else nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, (cls, strategy, call) in _calls().items():
-            metric = cls(nan_strategy=strategy)
+        for name, (make, call) in calls.items():
+            metric = make()
             with SyncProbe() as probe, suppress(RuntimeError):  # stock raises at once for "error" on a NaN batch
                 call(metric)
             counts[name] = probe.count
@@ -61,13 +99,19 @@ def _inside(tree: Path) -> int:
     from tests import _series_tree
 
     _series_tree.install(tree)
-    stock, patched = _count(patched=False), _count(patched=True)
-    for name in stock:
-        print(f"{name:52} stock {stock[name]}  patched tree {patched[name]}")
-    for label, counts in (("stock (unpatched tree)", stock), ("patched tree", patched)):
-        calls = sum(1 for c in counts.values() if c)
-        print(f"{label}: {sum(counts.values())} events in {calls} of {len(counts)} calls")
-    return 1 if any(patched.values()) else 0
+    failed = 0
+    summary = []
+    for area, make_calls in AREAS.items():
+        calls = make_calls()
+        stock, patched = _count(False, calls), _count(True, calls)
+        for name in stock:
+            print(f"{name:60} stock {stock[name]}  patched tree {patched[name]}")
+        for label, counts in (("stock (unpatched tree)", stock), ("patched tree", patched)):
+            hit = sum(1 for c in counts.values() if c)
+            summary.append(f"{area}, {label}: {sum(counts.values())} events in {hit} of {len(counts)} calls")
+        failed |= any(patched.values())
+    print("\n".join(summary))
+    return int(failed)
 
 
 def main() -> int:
