@@ -258,18 +258,28 @@ def test_functional_validation_is_stock(syncfree: Any) -> None:
         binary_accuracy(preds, target)
 
 
+@pytest.mark.parametrize("ignore_index", [-1, -100, NUM_CLASSES, 255, 2])
 @pytest.mark.parametrize("path", PATHS)
-def test_multiclass_ignore_index_outside_the_classes_is_allowed_and_checked(path: str) -> None:
-    """ignore_index=-1 entries pass validation (the CPU path's aminmax shortcut must fall back to the exact check)."""
+def test_multiclass_ignore_index_outside_the_classes_is_allowed_and_checked(path: str, ignore_index: int) -> None:
+    """Ignored entries pass validation, any other non-class label is caught (the CPU path's one-aminmax shortcuts
+    for -1 and num_classes, the masked check for other values), label preds included."""
     preds = torch.randn(4, NUM_CLASSES)
-    valid, invalid = torch.tensor([0, -1, 2, -1]), torch.tensor([0, -1, 2, -2])
+    valid = torch.tensor([0, ignore_index, 2, ignore_index])
     with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
-        metric = make_metric("Recall", "multiclass", "macro", -1)
-        metric.update(preds, valid)
-        metric.compute()
-        with pytest.raises(RuntimeError, match="`target`"):  # CPU path: in update; device path: in compute
-            metric.update(preds, invalid)
+        for bad in (-2, NUM_CLASSES + 1, -101, 254):
+            if bad == ignore_index or 0 <= bad < NUM_CLASSES:
+                continue
+            metric = make_metric("Recall", "multiclass", "macro", ignore_index)
+            metric.update(preds, valid)
+            metric.update(valid.clamp(0, NUM_CLASSES - 1), valid)  # label preds
             metric.compute()
+            with pytest.raises(RuntimeError, match="`target`"):  # CPU path: in update; device path: in compute
+                metric.update(preds, torch.tensor([0, ignore_index, 2, bad]))
+                metric.compute()
+            metric = make_metric("Recall", "multiclass", "macro", ignore_index)
+            with pytest.raises(RuntimeError, match="`preds`"):
+                metric.update(torch.tensor([0, 1, bad, 1]), valid.clamp(0, NUM_CLASSES - 1))
+                metric.compute()
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["bincount", "mesh"])

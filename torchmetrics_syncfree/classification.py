@@ -254,12 +254,19 @@ def _counting_checks_target(multidim_average: str, ignore_index: int | None) -> 
     )
 
 
-def _all_classes(labels: Tensor, num_classes: int) -> bool:
-    """Whether every label is in ``[0, num_classes)``, read on the host (only where reads are free)."""
+def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
+    """Whether every label is in ``[0, num_classes)`` or ``ignore_index``, read on the host (only where reads are free).
+
+    One ``aminmax`` decides when ``ignore_index`` is a class, -1 or ``num_classes`` (nothing lies between it and the
+    classes); any other ``ignore_index`` outside the classes is mapped to class 0 first.
+
+    """
+    if ignore_index is not None and not -1 <= ignore_index <= num_classes:
+        labels = labels.masked_fill(labels == ignore_index, 0)
     if not labels.numel():
         return True
-    low, high = torch.aminmax(labels)
-    return int(low) >= 0 and int(high) < num_classes
+    low, high = (int(bound) for bound in torch.aminmax(labels))
+    return (low >= 0 or low == ignore_index) and (high < num_classes or high == ignore_index)
 
 
 def _raise_not_a_class(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> None:
@@ -304,9 +311,11 @@ def _multiclass_stat_scores_tensor_validation(
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
     if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
         if preds.is_floating_point():  # its argmax is a class: only target needs checking
-            if _counting_checks_target(multidim_average, ignore_index) or _all_classes(target, num_classes):
+            if _counting_checks_target(multidim_average, ignore_index) or _all_classes(
+                target, num_classes, ignore_index
+            ):
                 return None
-        elif _all_classes(target, num_classes) and _all_classes(preds, num_classes):
+        elif _all_classes(target, num_classes, ignore_index) and _all_classes(preds, num_classes, ignore_index):
             return None
     flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
