@@ -298,3 +298,18 @@ def test_invalid_multiclass_target_with_scores_raises_before_counting(case: str,
             assert int(metric.tp.sum() + metric.fp.sum() + metric.tn.sum() + metric.fn.sum()) == 0
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+@pytest.mark.parametrize("zero_division", [0.0, 1, "nan", None])
+def test_safe_divide_matches_stock(zero_division: Any) -> None:
+    """Every zero_division stock accepts (None: a plain division, as in stock 1.7+); "warn" is tested with the probe."""
+    from torchmetrics.utilities import compute
+
+    num, denom = torch.tensor([1.0, 0.0, 2.0, 3.0]), torch.tensor([0.0, 0.0, 4.0, 1.0])
+    try:
+        stock = compute._safe_divide(num, denom, zero_division)
+    except (TypeError, RuntimeError):
+        pytest.skip("this torchmetrics version's stock rejects it (1.6 copies zero_division with torch.tensor)")
+    with torchmetrics_syncfree.patched():
+        patched = compute._safe_divide(num, denom, zero_division)
+    _assert_identical([stock], [patched])

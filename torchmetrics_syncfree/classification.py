@@ -53,8 +53,9 @@ Deliberate deviations from stock (tested in ``tests/test_classification_parity.p
   too when it holds labels), instead of counting distinct values: stock lets ``target=[0, 7]`` with 5 classes pass
   and, because of an operator-precedence slip, never validates ``target`` at all when ``preds`` holds scores. The
   exception type is stock's (``RuntimeError``); its message is stock's where stock would also have raised;
-* with ``validate_args=False``, out-of-range multiclass labels are dropped from the counts (stock fails in
-  ``reshape``/``one_hot`` or silently counts them in the wrong cell; on CUDA ``one_hot`` hits a device assert);
+* with ``validate_args=False``, out-of-range multiclass labels are dropped from the per-class counts (macro,
+  weighted, none, ``top_k > 1``, samplewise; stock fails in ``reshape``/``one_hot`` or silently counts them in the
+  wrong cell; on CUDA ``one_hot`` hits a device assert); micro averaging counts them as misses, like stock;
 * on CUDA a validation error surfaces after the offending batch has been added to the state (stock raises before
   updating); ``reset()`` the metric after catching it.
 
@@ -105,11 +106,12 @@ def _warn_zero_division() -> None:
 def _safe_divide(num: Tensor, denom: Tensor, zero_division: float | str = 0.0) -> Tensor:
     """Stock's ``_safe_divide`` without the host-to-device copy of ``zero_division`` or the host read for ``"warn"``.
 
-    ``"nan"`` divides plainly (``0/0 = nan``, ``x/0 = inf``), as in stock from 1.7 on.
+    ``"nan"`` (and anything else that is neither a number nor ``"warn"``) divides plainly (``0/0 = nan``,
+    ``x/0 = inf``), as in stock from 1.7 on.
     """
     num = num if num.is_floating_point() else num.float()
     denom = denom if denom.is_floating_point() else denom.float()
-    if isinstance(zero_division, str):
+    if not isinstance(zero_division, (float, int)):
         if zero_division != "warn":
             return torch.true_divide(num, denom)
         _deferred.check_current((denom == 0).any(), _warn_zero_division)
