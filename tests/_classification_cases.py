@@ -13,6 +13,8 @@ from tests import _series_tree
 from torchmetrics_syncfree import _deferred
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+#: devices of the parity and sync tests; CUDA is marked and skipped without a GPU
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
 
 NUM_CLASSES = 6
 #: classes ``ABSENT`` and up never occur in preds or target of the default batches: zero division in compute()

@@ -13,18 +13,17 @@ from torch import Tensor
 import torchmetrics_syncfree
 from tests._classification_cases import (
     ABSENT,
+    DEVICES,
     METRICS,
     NUM_CLASSES,
     batches,
     config_id,
     configs,
-    cuda,
     make_metric,
     pending_checks,
 )
 from torchmetrics_syncfree import SyncProbe
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
 #: "cpu": the patched code's CPU path (free host reads: cheaper CPU-only counting and validation); "device": the
 #: path a GPU takes, simulated on CPU by a SyncProbe. Both must give stock's values.
 PATHS = ["cpu", "device"]

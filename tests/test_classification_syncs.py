@@ -10,18 +10,16 @@ import torch
 import torchmetrics_syncfree
 from tests import _series_tree
 from tests._classification_cases import (
+    DEVICES,
     METRICS,
     TASK_AVERAGES,
     batches,
     config_id,
     configs,
-    cuda,
     make_metric,
     pending_checks,
 )
 from torchmetrics_syncfree import SyncProbe, _deferred, probe
-
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])]
 
 
 def _events(name: str, device: str) -> dict[str, list[str]]:

@@ -427,10 +427,8 @@ def _checked_bincount(index: Tensor, cells: int, preds: Tensor, target: Tensor, 
     ``preds`` are classes here, so a target below 0 gives a negative index (``torch.bincount`` fails) and one of
     ``C`` or more an index of ``C**2`` or more (a longer result). See :func:`_counting_checks_target`.
     """
-    if _mesh_counting():
-        return _bincount(index, minlength=cells)  # validation checked target itself
     try:
-        bins: Tensor | None = torch.bincount(index, minlength=cells)
+        bins: Tensor | None = _count(index, cells)  # mesh counting: validation checked target itself
     except RuntimeError:  # a negative index
         bins = None
     if bins is None or bins.shape[0] != cells:
@@ -571,8 +569,7 @@ def _labels_checked(preds: Tensor) -> bool:
 
 
 def _update(metric: Any, stock_update: Callable[..., None], preds: Tensor, target: Tensor) -> None:
-    if _deferred.queued():
-        _deferred.poll(metric)
+    _deferred.poll(metric)
     _deferred.call_reporting_to(metric, stock_update, metric, preds, target)
 
 
@@ -594,6 +591,5 @@ def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
 @replaces(_FINAL_STATE, params=("self",))
 def _final_state(self: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """First line of every stat-score ``compute()``: report the checks of earlier updates (waits outside forward)."""
-    if _deferred.queued():
-        _deferred.report_pending(self)
+    _deferred.report_pending(self)
     return _stock(_FINAL_STATE)(self)
