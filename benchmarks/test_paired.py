@@ -7,7 +7,22 @@ preceded, in its untimed ``setup``, by a block of the same calls on a stock metr
 each round's pair is taken and the median over rounds is the configuration's ratio (``extra_info["ratio"]``).
 Drift slower than one round (a few ms) cancels out of every pair.
 
-Both metrics start every block from the same one-update state (list states, e.g. ``CatMetric``, would otherwise grow
+Three sets of pairs:
+
+* ``test_paired_host_time``: the audit's catalogue (batch 32, 5 classes, 4 labels), ``update``/``forward``/``compute``;
+* ``test_paired_host_time_at_size``: where users are: multiclass ``Accuracy`` (micro) and ``F1Score`` (macro) at
+  10, 100 and 1000 classes x batch 32, 256 and 1024, binary at batch 1024 and multilabel at 100 labels x batch 256,
+  ``update`` and ``forward``;
+* ``test_paired_report_step``: the motivating report's metric step, ``MeanMetric(loss)`` plus multiclass
+  ``Accuracy``/``Precision``/``Recall``/``F1Score`` (1000 classes, ``average='macro'``) updated with the logits of a
+  batch of 128 (the demo's :class:`~torchmetrics_syncfree.demo.MetricSet`).
+
+The realistic sizes run with one torch thread: with two, the OpenMP threads of a large op spin-wait for a core that
+the shared 2-core VM has given to another process, and a call's host time comes out as a multiple of the scheduler's
+time slice (a first run measured 8.0 ms per ``update`` at 100 classes x batch 1024, stock and patched alike, against
+0.13 ms at batch 256), which hides the metric code being measured.
+
+Both sides start every block from the same one-update state (list states, e.g. ``CatMetric``, would otherwise grow
 with the rounds). In the test environments (``--benchmark-disable``) each test runs one round, as a check that every
 call works in both modes and that the patched and stock states agree.
 
@@ -17,19 +32,52 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
 import torchmetrics
 
-from torchmetrics_syncfree import _registry
-from torchmetrics_syncfree.audit import CALLS, CATALOGUE, build_metric, make_inputs
+from torchmetrics_syncfree import _deferred, _registry
+from torchmetrics_syncfree.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
+from torchmetrics_syncfree.demo import MetricSet
 
 ROUNDS = 50
 #: host time per block of calls: long enough to time well, short enough that the machine does not drift within it
 BLOCK_SECONDS = 4e-3
+CLASS_COUNTS = (10, 100, 1000)
+BATCH_SIZES = (32, 256, 1024)
+#: (configuration, batch size) of the realistic-size pairs
+SIZED: tuple[tuple[Config, int], ...] = (
+    *(
+        (Config(f"{name}(task='multiclass', num_classes={classes}, average={average!r})"), batch)
+        for name, average in (("Accuracy", "micro"), ("F1Score", "macro"))
+        for classes in CLASS_COUNTS
+        for batch in BATCH_SIZES
+    ),
+    (Config("Accuracy(task='binary')"), 1024),
+    (Config("F1Score(task='multilabel', num_labels=100, average='macro')"), 256),
+)
+REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
+REPORT_BATCH, REPORT_CLASSES = 128, 1000
+
+
+@dataclass
+class _Side:
+    """One side of the A/B: the timed call, the metrics it updates and one update of all of them."""
+
+    call: Callable[[], Any]
+    metrics: list[Any]
+    update: Callable[[], Any]
+
+    def fresh(self) -> None:
+        """Back to the one-update state every block starts from."""
+        for metric in self.metrics:
+            metric.reset()
+        self.update()
 
 
 def _calls(metric: Any, call: str, args: tuple, kwargs: dict) -> Callable[[], Any]:
@@ -52,65 +100,157 @@ def _block_size(call: Callable[[], Any]) -> int:
     return max(5, min(500, int(BLOCK_SECONDS / ((time.perf_counter() - start) / 5))))
 
 
-@pytest.mark.parametrize("call", CALLS)
-@pytest.mark.parametrize("config", CATALOGUE, ids=[c.label for c in CATALOGUE])
-def test_paired_host_time(benchmark: Any, config: Any, call: str) -> None:
+def _measure_pair(
+    benchmark: Any, make_side: Callable[[], _Side], info: dict[str, Any], device_path: bool = False
+) -> None:
+    """Time blocks of ``make_side()``'s call patched, each right after the same block stock; record the ratios.
+
+    ``device_path``: the patched side takes the GPU code path on its CPU tensors (checks counted in the metric's
+    state, a sweep at the end of every update, fixed-shape counting), so its host cost is what it is on a GPU.
+    """
     _registry.unpatch_all()
-    stock = build_metric(config.spec)
-    args, kwargs = make_inputs(config.inputs, stock, torch.device("cpu"))
+    stock = make_side()
     _registry.patch_all()
-    patched = build_metric(config.spec)
-    stock_call, patched_call = _calls(stock, call, args, kwargs), _calls(patched, call, args, kwargs)
+    patched = make_side()
 
-    def fresh(metric: Any, call: Callable[[], Any]) -> None:
+    def fresh(side: _Side) -> None:
         """Same one-update state for both; one untimed call warms what switching the patches left cold."""
-        metric.reset()
-        metric.update(*args, **kwargs)
-        call()
-        metric.reset()
-        metric.update(*args, **kwargs)
+        side.fresh()
+        side.call()
+        side.fresh()
 
     _registry.unpatch_all()
-    fresh(stock, stock_call)
-    size = 1 if benchmark.disabled else _block_size(stock_call)
+    fresh(stock)
+    size = 1 if benchmark.disabled else _block_size(stock.call)
     stock_rounds: list[float] = []
 
     def stock_block_then_patch() -> None:  # pytest-benchmark's untimed setup of each round
         _registry.unpatch_all()
-        fresh(stock, stock_call)
+        fresh(stock)
         start = time.perf_counter()
         for _ in range(size):
-            stock_call()
+            stock.call()
         stock_rounds.append(time.perf_counter() - start)
         _registry.patch_all()
-        fresh(patched, patched_call)
+        with _device_path(device_path):
+            fresh(patched)
 
     def patched_block() -> None:
-        for _ in range(size):
-            patched_call()
+        with _device_path(device_path):
+            for _ in range(size):
+                patched.call()
 
     try:
         benchmark.pedantic(patched_block, setup=stock_block_then_patch, rounds=ROUNDS, warmup_rounds=1)
     finally:
         _registry.unpatch_all()
-    for name in patched._defaults:  # same calls from the same state: the states agree
-        torch.testing.assert_close(getattr(patched, name), getattr(stock, name), equal_nan=True)
+    for stock_metric, patched_metric in zip(stock.metrics, patched.metrics):  # same calls, same state: they agree
+        for name in stock_metric._defaults:  # (patched ones have their check counters too)
+            torch.testing.assert_close(getattr(patched_metric, name), getattr(stock_metric, name), equal_nan=True)
     if benchmark.disabled:
         return
     patched_rounds = benchmark.stats.stats.data
     pairs = list(zip(stock_rounds[-len(patched_rounds) :], patched_rounds))  # the warm-up round has no timing
-    benchmark.group = f"paired :: {call}"
+    benchmark.group = f"paired :: {info['call']}"
     benchmark.extra_info.update(
         {
-            "config": config.label,
-            "call": call,
-            "mode": "paired",
-            "area": config.area,
+            **info,
+            "mode": "paired-device-path" if device_path else "paired",
             "calls_per_round": size,
             "stock_median": statistics.median(s for s, _ in pairs) / size,
             "patched_median": statistics.median(p for _, p in pairs) / size,
             "ratio": statistics.median(p / s for s, p in pairs),
+            "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "torchmetrics": torchmetrics.__version__,
         }
     )
+
+
+@contextmanager
+def _device_path(enabled: bool) -> Iterator[None]:
+    previous = _deferred.device_path_forced()
+    _deferred.force_device_path(enabled or previous)
+    try:
+        yield
+    finally:
+        _deferred.force_device_path(previous)
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Run the test with one intra-op torch thread (see the module docstring), then restore the setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _metric_side(config: Config, call: str, batch: int) -> Callable[[], _Side]:
+    def make() -> _Side:
+        metric = build_metric(config.spec)
+        args, kwargs = make_inputs(config.inputs, metric, torch.device("cpu"), batch=batch)
+        return _Side(_calls(metric, call, args, kwargs), [metric], lambda: metric.update(*args, **kwargs))
+
+    return make
+
+
+@pytest.mark.parametrize("call", CALLS)
+@pytest.mark.parametrize("config", CATALOGUE, ids=[c.label for c in CATALOGUE])
+def test_paired_host_time(benchmark: Any, config: Config, call: str) -> None:
+    info = {"config": config.label, "call": call, "area": config.area, "batch": BATCH}
+    _measure_pair(benchmark, _metric_side(config, call, BATCH), info)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("call", ("update", "forward"))
+@pytest.mark.parametrize(("config", "batch"), SIZED, ids=[f"{c.label} batch {b}" for c, b in SIZED])
+def test_paired_host_time_at_size(benchmark: Any, config: Config, batch: int, call: str) -> None:
+    info = {"config": f"{config.label} batch {batch}", "call": call, "area": config.area, "batch": batch}
+    _measure_pair(benchmark, _metric_side(config, call, batch), info)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_paired_report_step(benchmark: Any) -> None:
+    gen = torch.Generator().manual_seed(0)
+    loss = torch.rand((), generator=gen) * 7
+    logits = torch.randn(REPORT_BATCH, REPORT_CLASSES, generator=gen)
+    target = torch.randint(0, REPORT_CLASSES, (REPORT_BATCH,), generator=gen)
+
+    def make() -> _Side:
+        metrics = MetricSet(REPORT_CLASSES, "macro", "cpu")
+
+        def step() -> None:
+            metrics.update(loss, logits, target)
+
+        return _Side(step, [metrics.loss, *metrics.classification.values()], step)
+
+    info = {"config": f"{REPORT_STEP} batch {REPORT_BATCH}", "call": "update", "area": "step", "batch": REPORT_BATCH}
+    _measure_pair(benchmark, make, info)
+
+
+#: the configurations whose GPU code path is timed on CPU (the checks a GPU run files and sweeps)
+DEVICE_PATH = tuple(
+    Config(spec, inputs)
+    for spec, inputs in (
+        ("MeanMetric()", "loss"),
+        ("MeanMetric(nan_strategy='error')", "vector"),
+        ("SumMetric(nan_strategy='warn')", "vector"),
+        ("Accuracy(task='binary')", "auto"),
+        ("Accuracy(task='multiclass', num_classes=10, average='micro')", "auto"),
+        ("F1Score(task='multiclass', num_classes=10, average='macro')", "auto"),
+        ("F1Score(task='multiclass', num_classes=1000, average='macro')", "auto"),
+        ("F1Score(task='multilabel', num_labels=10, average='macro')", "auto"),
+    )
+)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("call", ("update", "forward"))
+@pytest.mark.parametrize("config", DEVICE_PATH, ids=[c.label for c in DEVICE_PATH])
+def test_paired_device_path(benchmark: Any, config: Config, call: str) -> None:
+    """Host time of the patched GPU code path, timed on CPU, against stock on CPU (which would sync on a GPU)."""
+    info = {"config": f"{config.label} (device path)", "call": call, "area": config.area, "batch": BATCH}
+    _measure_pair(benchmark, _metric_side(config, call, BATCH), info, device_path=True)

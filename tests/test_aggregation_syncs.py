@@ -30,7 +30,10 @@ def _count(metric, call, repeat: int = 3) -> SyncProbe:
     with SyncProbe() as probe, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(repeat):
-            call(metric)
+            try:
+                call(metric)
+            except RuntimeError as err:  # "error": reported at the end of the update, a host read of a host copy
+                assert "Encountered `nan` values in tensor" in str(err)
     return probe
 
 
@@ -51,8 +54,7 @@ def test_mean_metric_calls_are_sync_free(call, strategy):
 def test_every_aggregator_update_is_sync_free(metric_cls, strategy, vec):
     with torchmetrics_syncfree.patched():
         metric = metric_cls(nan_strategy=strategy)
-        # "error" reports a NaN at the next update: one update per metric keeps this about the sync count
-        probe = _count(metric, lambda m: m.update(vec), repeat=1 if strategy == "error" else 3)
+        probe = _count(metric, lambda m: m.update(vec))
     assert probe.count == 0, probe.summary()
 
 

@@ -22,7 +22,7 @@ from tests._classification_cases import (
     make_metric,
     pending_checks,
 )
-from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree import SyncProbe, _deferred
 
 #: "cpu": the patched code's CPU path (free host reads: cheaper CPU-only counting and validation); "device": the
 #: path a GPU takes, simulated on CPU by a SyncProbe. Both must give stock's values.
@@ -199,31 +199,43 @@ def _stock_error(case: str) -> BaseException:
 
 @pytest.mark.parametrize("case", list(_INVALID))
 def test_invalid_input_raises_stock_error_type(case: str) -> None:
-    """CPU: at once in update(). Under a CPU probe (the CUDA path): update() reads nothing on the host and compute()
-    raises; forward() raises from its own compute()."""
+    """CPU: at once in update(), naming the values. Device path (a CPU probe): update() reads nothing on the host; the
+    count is reported at the end of the update once its copy has arrived, else by compute(); forward() at its end."""
     preds, target, names = _INVALID[case]
     expected = type(_stock_error(case))
     with torchmetrics_syncfree.patched():
         with pytest.raises(expected, match=names):
             _invalid_metric(case).update(preds, target)
         metric = _invalid_metric(case)
-        with SyncProbe() as probe:
+        with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
             metric.update(preds, target)
         assert probe.count == 0, probe.summary()
         with pytest.raises(expected, match=names):
             metric.compute()
         with SyncProbe(), pytest.raises(expected, match=names):
+            _invalid_metric(case).update(preds, target)
+        with SyncProbe(), pytest.raises(expected, match=names):
             _invalid_metric(case)(preds, target)
 
 
-def test_invalid_input_raises_at_next_update_on_device(syncfree: Any) -> None:
+@pytest.mark.parametrize("use_forward", [False, True], ids=["update", "forward"])
+def test_invalid_batch_on_device_is_left_out_and_reported_once(syncfree: Any, use_forward: bool) -> None:
+    """A GPU one step behind: the error surfaces at the end of the next call, after that call's own (valid) batch
+    has been counted; the invalid batch never enters the state, and is reported once."""
     preds, target, _ = _INVALID["binary"]
+    valid_target = target.clamp(max=1)
     metric = _invalid_metric("binary")
-    with SyncProbe():
-        metric.update(preds, target)
-        with pytest.raises(RuntimeError, match="Detected the following values in `target`"):
-            metric.update(preds, target.clamp(max=1))
+    reference = _invalid_metric("binary")
+    call = metric if use_forward else metric.update
+    with _deferred.simulated_copy_delay(1), SyncProbe():
+        call(preds, target)
+        with pytest.raises(RuntimeError, match="`target`"):
+            call(preds, valid_target)
+        call(preds, valid_target)
     assert pending_checks(metric) == 0
+    reference.update(preds, valid_target)
+    reference.update(preds, valid_target)
+    _assert_identical([metric.compute()], [reference.compute()])
 
 
 def test_invalid_multiclass_message_is_stock_where_stock_raises() -> None:

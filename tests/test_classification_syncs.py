@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -75,15 +76,16 @@ def test_stock_sync_points(sync_probe: Any) -> None:
     assert {"aten.bincount", "aten.index_put_"} <= ops, p.summary()
 
 
-def test_compute_after_plain_updates_waits_only_for_unread_checks(syncfree: Any) -> None:
-    """compute() right after update() reads the newest validation flag: one host wait, nothing else."""
+@pytest.mark.parametrize(("delay", "waits"), [(0, []), (None, [probe.HOST_WAIT])], ids=["copy-arrived", "copy-late"])
+def test_compute_after_plain_updates_waits_only_for_unread_checks(syncfree: Any, delay: Any, waits: list) -> None:
+    """compute() reads the check counters only when the copies of the updates have not arrived: then one host wait."""
     metric = make_metric("F1Score", "multiclass", "macro", -1)
     preds, target = batches("multiclass", -1, seed=0)[0]
-    with SyncProbe() as p:
+    with _deferred.simulated_copy_delay(delay), SyncProbe() as p:
         metric.update(preds, target)
         metric.update(preds, target)
         metric.compute()
-    assert [event.kind for event in p.events] == [probe.HOST_WAIT], p.summary()
+    assert [event.kind for event in p.events] == waits, p.summary()
 
 
 @pytest.mark.parametrize(("task", "average"), TASK_AVERAGES)
@@ -97,16 +99,22 @@ def test_compute_without_validation_is_sync_free(syncfree: Any, task: str, avera
 
 
 def test_one_check_per_update(syncfree: Any) -> None:
-    """Validation files a single device flag per update (label preds and target together)."""
+    """Validation counts a single flag per update (label preds and target together), in the metric's counters."""
     metric = make_metric("Accuracy", "binary", "micro", -1)
-    preds, target = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, -1, 1])
-    with SyncProbe():
+    preds, target = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, -1, 3])
+    with _deferred.simulated_copy_delay(None), SyncProbe() as p:
         metric.update(preds, target)
         assert pending_checks(metric) == 1
-        metric.update(preds, target)  # reads the first, files the second
+        metric.update(preds, target.clamp(max=1))
         assert pending_checks(metric) == 1
+        metric.update(preds.clamp(max=0) + 2, target)
+        assert pending_checks(metric) == 2
+    assert p.count == 0, p.summary()
 
 
+@pytest.mark.skipif(
+    bool(os.environ.get(_series_tree.TREE_ENV)), reason="metrics made before patch_all() are the layer's"
+)
 def test_metric_created_before_patching_is_sync_free() -> None:
     metric = make_metric("Specificity", "multilabel", "weighted", -1)
     data = batches("multilabel", -1, seed=2)
@@ -129,24 +137,16 @@ def test_multiclass_other_arguments_sync_free(syncfree: Any, kwargs: dict, ignor
     assert p.count == 0, p.summary()
 
 
-@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric")
-def test_zero_division_warn_is_deferred(syncfree: Any) -> None:
-    """``_safe_divide(..., "warn")`` inside a patched update warns through the metric, without a host read.
-
-    The layer finds the metric of the running update through ``_deferred.reporting_to``; the series' ``_safe_divide``
-    (tree mode) takes it as its ``metric`` argument.
-    """
+def test_zero_division_warn_reads_at_once_as_stock(syncfree: Any) -> None:
+    """``_safe_divide(..., "warn")`` (no stat-score metric passes it) warns at once, as stock does, with stock's
+    value; the zero-division fill itself is no host-to-device copy."""
     from torchmetrics.utilities.compute import _safe_divide
 
-    metric = make_metric("Accuracy", "binary", "micro")
     num, denom = torch.tensor([1.0, 0.0]), torch.tensor([2.0, 0.0])
-    if _series_tree.series_module("torchmetrics.utilities.deferred") is not None:
-        with SyncProbe() as p:
-            result = _safe_divide(num, denom, "warn", metric=metric)
-    else:
-        with SyncProbe() as p, _deferred.reporting_to(metric):
-            result = _safe_divide(num, denom, "warn")
-    assert p.count == 0, p.summary()
+    with SyncProbe() as p, pytest.warns(UserWarning, match="Detected zero division"):
+        result = _safe_divide(num, denom, "warn")
+    assert [event.kind for event in p.events] == [probe.D2H_READ], p.summary()
     torch.testing.assert_close(result, torch.tensor([0.5, 0.0]))
-    with pytest.warns(UserWarning, match="Detected zero division"):
-        metric.compute()
+    with SyncProbe() as p:
+        _safe_divide(num, denom, 1.0)
+    assert p.count == 0, p.summary()

@@ -3,8 +3,8 @@
 ``init_process_group("cuda:gloo")`` on this CPU-only machine builds a group with a CUDA backend only: collectives on
 CPU tensors fail exactly as under NCCL. Each test spawns one world (2 or 4 ranks) and runs every check in it, stock
 first, then patched, then unpatched; the ranks write what they saw to files, and the assertions run here. Every wait
-is bounded: collectives time out after :data:`TIMEOUT`, a world that is not done after
-:data:`WORLD_TIMEOUT_S` is killed and the test fails with the stacks of its ranks.
+is bounded (`tests/_ddp_world.py`): collectives time out after :data:`_ddp_world.TIMEOUT`, a world that is not
+done after :data:`_ddp_world.WORLD_TIMEOUT_S` is killed and the test fails with the stacks of its ranks.
 
 In tree mode (``tests/_series_tree.py``) the ranks install it themselves (:func:`_rank_main`), so ``patch_all()``
 gives them the patched tree's functions; the fallback's mode, group and cache are then the tree's (:class:`_Fallback`).
@@ -13,30 +13,22 @@ gives them the patched tree's functions; the fallback's mode, group and cache ar
 
 from __future__ import annotations
 
-import faulthandler
 import os
-import sys
-import time
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torchmetrics import MetricCollection
 from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from tests import _series_tree
+from tests import _ddp_world, _series_tree
 
 pytestmark = pytest.mark.ddp
 
-TIMEOUT = timedelta(seconds=45)
-WORLD_TIMEOUT_S = 150.0
 NO_CPU_BACKEND = "No backend type associated with device type cpu"
 NUM_CLASSES = 4
 #: values per rank: uneven, and rank 2 of a 4-rank world sees no data at all
@@ -239,61 +231,11 @@ SCENARIOS = {
 }
 
 
-# ------------------------------------------------------------------------------------------------- the harness --
-def _rank_main(scenarios: list[str], rank: int, world_size: int, tmp: str) -> None:
-    """Run ``scenarios`` one after the other, each in a fresh process group (destroyed and re-initialised)."""
-    out = Path(tmp) / f"rank{rank}.pt"
-    faulthandler.dump_traceback_later(WORLD_TIMEOUT_S - 10, exit=True, file=sys.stderr)
-    if sys.platform == "linux":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    results: dict[str, Any] = {"tree_mode": None}
-    try:
-        results["tree_mode"] = _series_tree.install_from_env()  # before anything is patched
-        for index, scenario in enumerate(scenarios):
-            backend, fn = SCENARIOS[scenario]
-            init = f"file://{tmp}/store{index}"
-            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size, timeout=TIMEOUT)
-            new_group, barrier = dist.new_group, dist.barrier  # a scenario's _Spy replaces them
-            try:
-                results[scenario] = fn(rank, world_size)
-            finally:
-                dist.new_group, dist.barrier = new_group, barrier
-                dist.destroy_process_group()
-        torch.save({"result": results}, out)
-    except BaseException:
-        torch.save({"error": traceback.format_exc()}, out)
-        raise
-
-
 def run_world(scenarios: list[str], world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
-    """Run ``scenarios`` on ``world_size`` spawned ranks; returns each rank's results by scenario, or fails the test."""
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=_rank_main, args=(scenarios, rank, world_size, str(tmp_path)), daemon=True)
-        for rank in range(world_size)
-    ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + WORLD_TIMEOUT_S
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
-    for rank in hung:
-        procs[rank].kill()
-        procs[rank].join(10)
-    outcomes = []
-    for rank in range(world_size):
-        path = tmp_path / f"rank{rank}.pt"
-        outcomes.append(torch.load(path, weights_only=False) if path.exists() else {"error": "no result written"})
-    errors = {rank: o["error"] for rank, o in enumerate(outcomes) if "error" in o}
-    if hung or errors:
-        pytest.fail(
-            f"{scenarios} on {world_size} ranks: hung ranks {hung}, errors:\n"
-            + "\n".join(f"--- rank {rank}:\n{err}" for rank, err in errors.items())
-        )
-    in_tree_mode = bool(os.environ.get(_series_tree.TREE_ENV))
-    assert [o["result"].pop("tree_mode") is not None for o in outcomes] == [in_tree_mode] * world_size
-    return [o["result"] for o in outcomes]
+    """Run the named scenarios of :data:`SCENARIOS`; each rank's results by scenario name."""
+    results = _ddp_world.run_world([SCENARIOS[name] for name in scenarios], world_size, tmp_path)
+    names = {f"{SCENARIOS[name][1].__name__}@{SCENARIOS[name][0]}": name for name in scenarios}
+    return [{names[fn]: value for fn, value in res.items()} for res in results]
 
 
 def _assert_equal_results(got: dict[str, Any], expected: dict[str, Any], exact: bool = True) -> None:

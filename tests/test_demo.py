@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import statistics
 import subprocess
 import sys
 
@@ -159,3 +161,52 @@ def test_gpu_runs_fail_loudly_without_cuda(tmp_path):
     )
     assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
     assert "no CUDA device is available" in out.stderr
+
+
+def test_every_variant_is_timed_per_round_in_the_same_rounds(report):
+    rounds = -(-TINY["steps"] // TINY["chunk"])  # the last round is shorter
+    for result in report.results:
+        assert len(result.round_ms) == rounds
+        assert result.rounds.rounds == rounds
+        assert result.rounds.min <= result.rounds.median <= result.rounds.max
+    payload = json.loads(report.to_json())
+    assert set(payload["paired"]) == {"stock/none", "patched/none", "patched/stock"}
+    stock, patched = report.result("stock"), report.result("patched")
+    ratios = [p / s for s, p in zip(stock.round_ms, patched.round_ms)]
+    assert payload["paired"]["patched/stock"]["median"] == pytest.approx(statistics.median(ratios))
+    assert payload["results"][0]["summary"]["rounds"] == rounds
+
+
+def test_spread_of_rounds():
+    spread = demo.Spread.of([4.0, 1.0, 3.0, 2.0, 100.0])
+    assert (spread.median, spread.q1, spread.q3, spread.min, spread.max, spread.rounds) == (3, 2, 4, 1, 100, 5)
+    assert spread.holds(2.5) and not spread.holds(5.0)
+    assert demo.Spread.of([7.0]) == demo.Spread(7.0, 7.0, 7.0, 7.0, 7.0, 1)
+
+
+def _with_rounds(report: demo.DemoReport, rounds: dict[str, list[float]]) -> demo.DemoReport:
+    results = [dataclasses.replace(r, round_ms=rounds[r.variant]) for r in report.results]
+    return dataclasses.replace(report, results=results)
+
+
+@pytest.mark.parametrize(
+    ("patched_ms", "words"),
+    [
+        ([12.0, 12.5, 13.0, 12.2, 12.8], "patched is slower than stock beyond the spread"),
+        ([8.0, 8.5, 9.0, 8.2, 8.8], "patched is faster than stock beyond the spread"),
+        ([9.0, 11.0, 10.5, 9.6, 10.1], "no difference this run can resolve"),
+    ],
+)
+def test_the_report_says_what_the_spread_allows_to_conclude(report, patched_ms, words):
+    rounds = {"none": [5.0, 5.0, 5.0, 5.0, 5.0], "stock": [10.0] * 5, "patched": patched_ms}
+    text = demo.format_report(_with_rounds(report, rounds))
+    assert words in text
+    assert "+100% (+100%..+100%)" in text, "stock vs none, per round"
+    assert "5 rounds of 3 steps" in text
+
+
+def test_the_cpu_report_says_what_cpu_times_mean(report):
+    text = " ".join(demo.format_report(report).split())
+    assert "on CPU a sync costs nothing" in text
+    assert "host overhead only" in text
+    assert "only --device cuda measures it" in text

@@ -36,8 +36,10 @@ def _write(tmp_path, benchmarks):
     return path
 
 
-def _paired(config, call, area, ratio):
+def _paired(config, call, area, ratio, medians=None):
     info = {"config": config, "call": call, "mode": "paired", "area": area, "ratio": ratio}
+    if medians is not None:
+        info["stock_median"], info["patched_median"] = medians
     return {"group": f"paired :: {call}", "extra_info": info, "stats": {"median": 1e-3}}
 
 
@@ -55,6 +57,8 @@ def test_ratio_table_and_targets(tmp_path, capsys):
             _bench("Accuracy(task='binary')", "compute", "stock", "classification", 50e-6),
             _bench("Accuracy(task='binary')", "compute", "patched", "classification", 60e-6),
             _paired("R2Score()", "update", "regression", 1.5),
+            _paired("F1Score(num_classes=1000) batch 1024", "forward", "classification", 1.2),
+            _paired("report step: MeanMetric(loss) + Accuracy/... batch 128", "update", "step", 1.01, (6e-3, 6.06e-3)),
             {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
         ],
     )
@@ -67,9 +71,15 @@ def test_ratio_table_and_targets(tmp_path, capsys):
     assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 | 1.03 | <= 1.05 met |" in out
     assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |" in out  # issue 3 sets no compute target
     assert "| R2Score() | update |  |  |  | 1.50 |  |" in out
-    assert "2/3 targets met" in out
+    assert "| F1Score(num_classes=1000) batch 1024 | forward |  |  |  | 1.20 | <= 1.05 MISSED |" in out
+    assert (
+        "| report step: MeanMetric(loss) + Accuracy/... batch 128 | update | 6000.0 | 6060.0 |  | 1.01 | <= 1.05 met |"
+        in out
+    )
+    assert "3/5 targets met" in out
     assert ratios.main([str(path), "--check"]) == 1
-    assert ratios.main([str(path), "--check", "--area", "classification"]) == 0
+    assert ratios.main([str(path), "--check", "--area", "classification"]) == 1
+    assert ratios.main([str(path), "--check", "--area", "step"]) == 0
 
 
 def test_no_pairs_is_an_error(tmp_path):

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 import pickle
+import pydoc
+import sys
 import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
-from torchmetrics.aggregation import BaseAggregator, MeanMetric, SumMetric
+from torchmetrics.aggregation import BaseAggregator, CatMetric, MeanMetric, SumMetric
 
 import torchmetrics_syncfree
-from torchmetrics_syncfree import _registry
+from torchmetrics_syncfree import _deferred, _registry
 from torchmetrics_syncfree.probe import SyncProbe
 
 MEAN_UPDATE = "torchmetrics.aggregation.MeanMetric.update"
 CAST_CHECK = "torchmetrics.aggregation.BaseAggregator._cast_and_nan_check_input"
+SAFE_DIVIDE = "torchmetrics.utilities.compute._safe_divide"
+#: a package that ``import torchmetrics`` does not load and whose modules import ``_safe_divide`` by name
+LATE_PACKAGE = "torchmetrics.functional.segmentation"
 
 
 def _class_attributes() -> dict[str, object]:
@@ -225,11 +235,11 @@ def test_verbose_prints_the_targets(capsys):
 
 
 def test_a_metric_made_before_patching_reports_deferred_checks_in_compute():
-    """Its compute() is adopted together with its update(), so an asynchronous error still surfaces by compute()."""
+    """Its checks are added on its first patched update, and compute() (the patched sync_context) reports them."""
     metric = SumMetric(nan_strategy="error")
     value = torch.tensor([float("nan")])
     torchmetrics_syncfree.patch_all()
-    with SyncProbe():  # the device path: the NaN check is only read later
+    with _deferred.simulated_copy_delay(None), SyncProbe():  # the device path: the NaN check is only read later
         metric.update(value)
         with pytest.raises(RuntimeError, match="Encountered `nan` values in tensor"):
             metric.compute()
@@ -237,7 +247,160 @@ def test_a_metric_made_before_patching_reports_deferred_checks_in_compute():
 
 def test_compute_of_a_metric_made_while_patched_costs_no_descriptor_lookup():
     torchmetrics_syncfree.patch_all()
-    metric = MeanMetric()
+    metric = CatMetric()
     assert "compute" in vars(metric)
     assert type(metric).__dict__["compute"].__class__.__name__ == "_MetricMethod"
     assert not hasattr(type(type(metric).__dict__["compute"]), "__set__"), "instance attribute must win"
+
+
+@pytest.fixture
+def late_package(monkeypatch: pytest.MonkeyPatch) -> Callable[[], ModuleType]:
+    """Import :data:`LATE_PACKAGE` afresh when called; the test's end puts back the modules that were loaded before."""
+    import torchmetrics.functional
+
+    for name in [n for n in sys.modules if n == LATE_PACKAGE or n.startswith(f"{LATE_PACKAGE}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(torchmetrics.functional, LATE_PACKAGE.rsplit(".", 1)[1], raising=False)
+    return lambda: importlib.import_module(f"{LATE_PACKAGE}.dice")
+
+
+def _installed_helpers() -> dict[int, str]:
+    """``id -> target`` of the replacement objects ``patch_all()`` installed for the ``everywhere`` specs."""
+    return {id(spec.installed): spec.target for spec in _registry._specs.values() if spec.everywhere and spec.active}
+
+
+def _modules_holding(helpers: dict[int, str]) -> list[str]:
+    """``module.attribute (target)`` of every TorchMetrics module attribute that is one of ``helpers``."""
+    return [
+        f"{module.__name__}.{attr} ({helpers[id(value)]})"
+        for module in _registry._torchmetrics_modules()
+        for attr, value in vars(module).items()
+        if id(value) in helpers
+    ]
+
+
+def test_unpatch_restores_helpers_in_modules_first_imported_while_patched(late_package):
+    original = torchmetrics_syncfree.get_original(SAFE_DIVIDE)
+    torchmetrics_syncfree.patch_all()
+    dice = late_package()
+    assert dice._safe_divide is not original, "the module imported the patched helper"
+    helpers = _installed_helpers()
+    assert "torchmetrics.functional.segmentation.dice._safe_divide" in " ".join(_modules_holding(helpers))
+    torchmetrics_syncfree.unpatch_all()
+    assert dice._safe_divide is original
+    assert _modules_holding(helpers) == []
+
+
+def test_a_nested_patched_block_leaves_late_imports_patched_until_the_outer_unpatch(late_package):
+    original = torchmetrics_syncfree.get_original(SAFE_DIVIDE)
+    torchmetrics_syncfree.patch_all()
+    with torchmetrics_syncfree.patched():
+        dice = late_package()
+    assert dice._safe_divide is _registry._spec(SAFE_DIVIDE).installed, "the outer patch is still active"
+    with torchmetrics_syncfree.patched(areas=["classification"]):
+        pass
+    assert dice._safe_divide is not original
+    torchmetrics_syncfree.unpatch_all()
+    assert dice._safe_divide is original
+
+
+def test_a_patched_block_restores_its_late_imports_on_exit(late_package):
+    with torchmetrics_syncfree.patched():
+        dice = late_package()
+        helpers = _installed_helpers()
+    assert dice._safe_divide is torchmetrics_syncfree.get_original(SAFE_DIVIDE)
+    assert _modules_holding(helpers) == []
+
+
+def test_patched_properties_keep_stock_docstring():
+    properties = [
+        t for t in torchmetrics_syncfree.declared_targets() if isinstance(_registry._spec(t).replacement, property)
+    ]
+    assert properties
+    stock = {t: _as_callers_find(t).__doc__ for t in properties}
+    torchmetrics_syncfree.patch_all()
+    for target in properties:
+        assert _as_callers_find(target) is not None and _as_callers_find(target).__doc__ == stock[target]
+
+
+def _as_callers_find(target: str) -> Any:
+    """The target looked up as user code does: ``MeanMetric.update``, ``compute._safe_divide``."""
+    owner, name = _registry._resolve(target)
+    return getattr(owner, name)
+
+
+def _help_text(obj: Any) -> str:
+    return pydoc.render_doc(obj, renderer=pydoc.plaintext)
+
+
+@pytest.mark.parametrize(
+    "target", [t for t in torchmetrics_syncfree.declared_targets() if callable(_registry._spec(t).replacement)]
+)
+def test_patched_targets_show_stock_docstring_signature_and_help(target):
+    stock = _as_callers_find(target)
+    stock_help = _help_text(stock)
+    torchmetrics_syncfree.patch_all()
+    patched = _as_callers_find(target)
+    assert patched is not stock, "the lookup finds the patched object"
+    assert patched.__doc__ == stock.__doc__
+    assert inspect.signature(patched) == inspect.signature(stock)
+    assert _help_text(patched) == stock_help
+
+
+def _example_metrics() -> list[Any]:
+    """One metric of each family whose methods the registry patches."""
+    from torchmetrics.aggregation import CatMetric, MaxMetric, MinMetric
+    from torchmetrics.classification import BinaryStatScores, MulticlassStatScores, MultilabelStatScores
+
+    return [
+        MeanMetric(),
+        SumMetric(),
+        MaxMetric(),
+        MinMetric(),
+        CatMetric(),
+        BinaryStatScores(),
+        MulticlassStatScores(num_classes=3),
+        MultilabelStatScores(num_labels=3),
+    ]
+
+
+def _method_targets() -> list[str]:
+    """Every target that is an attribute of a class, so that instances reach it as a method."""
+    return [t for t in torchmetrics_syncfree.declared_targets() if isinstance(_registry._resolve(t)[0], type)]
+
+
+def test_methods_of_patched_metrics_show_stock_docstring_signature_and_help():
+    made_stock = _example_metrics()
+    expected = {}
+    for metric in made_stock:
+        for target in _method_targets():
+            owner, name = _registry._resolve(target)
+            if isinstance(metric, owner):
+                expected[target, type(metric)] = _help_text(getattr(metric, name)), getattr(metric, name).__doc__
+    uncovered = set(_method_targets()) - {target for target, _ in expected}
+    assert not uncovered, f"add a metric of each of these classes to _example_metrics(): {sorted(uncovered)}"
+    torchmetrics_syncfree.patch_all()
+    for metric in [*made_stock, *_example_metrics()]:  # made before patching (then adopted) and while patched
+        for target in _method_targets():
+            owner, name = _registry._resolve(target)
+            if not isinstance(metric, owner):
+                continue
+            method = getattr(metric, name)
+            where = f"{type(metric).__name__}().{name} ({target})"
+            assert (_help_text(method), method.__doc__) == expected[target, type(metric)], where
+
+
+def test_the_replacement_is_relabelled_in_place_and_gets_its_own_labels_back():
+    spec = _registry._spec(SAFE_DIVIDE)
+    own_doc, own_name, own_source = (
+        spec.replacement.__doc__,
+        spec.replacement.__qualname__,
+        inspect.getsource(spec.replacement),
+    )
+    torchmetrics_syncfree.patch_all()
+    assert _as_callers_find(SAFE_DIVIDE) is spec.replacement, "no wrapper: a call costs what the replacement costs"
+    assert spec.replacement.__doc__ != own_doc
+    assert inspect.getsource(spec.replacement) == own_source, "the source shown is the code that runs"
+    torchmetrics_syncfree.unpatch_all()
+    assert (spec.replacement.__doc__, spec.replacement.__qualname__) == (own_doc, own_name)
+    assert "__signature__" not in vars(spec.replacement)

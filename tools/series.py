@@ -51,7 +51,15 @@ TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/functional/classification/": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/utilities/compute.py": (CLASSIFICATION_TESTS, True),
-    "src/torchmetrics/metric.py": (("unittests/bases/test_metric.py",), False),
+    "src/torchmetrics/metric.py": (
+        (
+            "unittests/bases/test_metric.py",
+            "unittests/bases/test_collections.py",
+            "unittests/bases/test_saving_loading.py",
+            "unittests/wrappers/",
+        ),
+        False,
+    ),
 }
 #: the heavy suites' unpatched outcomes, recorded per snapshot (``python tools/series.py baseline``): the default
 #: ``test`` compares with them instead of running the heavy suites a second time on the unpatched tree
@@ -71,8 +79,9 @@ BASELINE_PACKAGES = (
     "pytest-rerunfailures",
     "pytest-doctestplus",
 )
-#: needs matplotlib and the optional extras of every metric domain; the series touches no plotting code
-IGNORED_TESTS = ("unittests/utilities/test_plot.py",)
+#: need matplotlib and the optional extras of every metric domain (plots), or the image extras (torch-fidelity, for
+#: FeatureShare's feature extractors); the series touches neither plotting nor feature extraction
+IGNORED_TESTS = ("unittests/utilities/test_plot.py", "unittests/wrappers/test_feature_share.py")
 #: test ids (relative to tests/) left out. test_check_full_state_update_fn compares wall-clock times of full and
 #: partial state updates: ~65 s per run and flaky on a loaded 2-core machine; it checks
 #: ``check_forward_full_state_property``, which the series does not touch. The BinaryAccuracy case of
@@ -90,12 +99,20 @@ DDP_PROJECT_TESTS = (
     "tests/test_distributed.py::test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu",
 )
 AGGREGATION_PROJECT_TESTS = ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py")
+#: the deferred checks through a metric's life (forward, reset, copies, compute groups, DDP) and under torch.compile
+DEFERRED_PROJECT_TESTS = (
+    "tests/test_deferred_lifecycle.py",
+    "tests/test_deferred_ddp.py",
+    "tests/test_compile.py",
+)
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
-    "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS + CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
+    + CLASSIFICATION_PROJECT_TESTS
+    + DEFERRED_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
-    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS,
+    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS,
     "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/compute.py": CLASSIFICATION_PROJECT_TESTS,

@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--archive", required=True, type=Path, help="upstream snapshot tarball")
     parser.add_argument("--stock", action="store_true", help="run without patch_all() (the baseline)")
+    parser.add_argument(
+        "--device-path",
+        action="store_true",
+        help="force the patched code's device path on CPU tensors (--syncfree-device-path): the GPU code path",
+    )
     parser.add_argument("pytest_args", nargs="*", help="test paths (relative to the tree's tests/) and pytest options")
     args = parser.parse_args(argv)
     if not args.archive.is_file():
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE"]
         if not args.stock:
             command.append("--syncfree-patch")
+            if args.device_path:
+                command.append("--syncfree-device-path")
             env["TORCHMETRICS_SYNCFREE_AUTOPATCH"] = "1"
             autopatch = str(Path(__file__).resolve().parent / "autopatch")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [autopatch, env.get("PYTHONPATH")]))

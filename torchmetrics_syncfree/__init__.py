@@ -33,9 +33,10 @@ from torchmetrics_syncfree.probe import SyncEvent, SyncProbe
 
 __version__ = "0.1.0"
 
-register_area("aggregation", "torchmetrics_syncfree.aggregation")
+register_area("metric", "torchmetrics_syncfree.metric")
+register_area("aggregation", "torchmetrics_syncfree.aggregation", requires=("metric",))
 register_area("distributed", "torchmetrics_syncfree.distributed")
-register_area("classification", "torchmetrics_syncfree.classification")
+register_area("classification", "torchmetrics_syncfree.classification", requires=("metric",))
 
 __all__ = [
     "FORCE_ENV_VAR",

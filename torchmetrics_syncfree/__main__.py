@@ -1,4 +1,4 @@
-"""Command line: ``python -m torchmetrics_syncfree {demo,audit}`` (also installed as ``torchmetrics-syncfree``).
+"""Command line: ``python -m torchmetrics_syncfree {demo,audit,gpu-check}`` (also ``torchmetrics-syncfree``).
 
 ``demo``
     the motivating report's training loop, with no metrics, stock metrics and patched metrics: steps/s,
@@ -6,6 +6,8 @@
 ``audit``
     the would-be syncs of ``update``/``forward``/``compute`` of common metric configurations or of the metrics you
     name (``--metric "Accuracy(task='binary')"``), stock vs patched, with the source line of each.
+``gpu-check``
+    for a GPU machine without network: the CUDA tests, the ResNet-18 demo and the CUDA audit, in one report file.
 
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from torchmetrics_syncfree import gpu_check
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -104,13 +108,14 @@ def _doc(name: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The argument parser of the command line, with its ``demo`` and ``audit`` subcommands."""
+    """The argument parser of the command line, with its ``demo``, ``audit`` and ``gpu-check`` subcommands."""
     p = argparse.ArgumentParser(
         prog="torchmetrics-syncfree", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     _audit_parser(sub)
+    gpu_check.add_parser(sub)
     return p
 
 
@@ -189,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "demo":
         return run_demo_command(args)
+    if args.command == "gpu-check":
+        return gpu_check.main(args)
     return run_audit_command(args)
 
 

@@ -1,183 +1,398 @@
-"""Checks that run on the device and reach the user without blocking the host.
+"""Input checks kept as metric state: counted on the device, reported at eager points, never read inside an update.
 
 Stock TorchMetrics validates inputs with ``if flag.any(): raise/warn``, which reads a device value on the host: a
-synchronization on every ``update``. Here the check stays on the device as a 0-dim bool tensor ``flag`` and
-:func:`check` hands it over together with the action to take when it is set:
+synchronization on every ``update``. Here every metric that checks its inputs owns a small integer state,
+``_deferred_checks``, with one counter per kind of check (:class:`Check`); the kinds are
+``metric._deferred_check_kinds``. An update that finds a problem adds the 0-dim flag to its counter in place
+(:func:`record`): pure tensor work on the metric's own tensor, so it traces under ``torch.compile(fullgraph=True)``
+and replays in a CUDA graph. Because the counters are a metric state (``dist_reduce_fx="sum"``, not persistent),
+everything TorchMetrics does to a metric carries them without special cases: ``reset()``, ``deepcopy``/``pickle``/
+``clone()``, ``merge_state``, ``forward()``'s cache and restore, the shared states of ``MetricCollection`` compute
+groups, the states of wrappers, and DDP's sync (all ranks see the sum, so all ranks report alike).
 
-* on CPU the read is free, so the action runs at once, with stock's timing;
-* on CUDA the flag is copied into pinned host memory with ``non_blocking=True`` and a CUDA event is recorded. The
-  next ``update`` of the same metric reads every flag whose event has completed (:func:`poll`, never waits), and
-  ``compute()`` called by the user reads them all (:func:`flush`, waiting for the events that are still running:
-  the one place a host wait can happen). ``forward()`` only polls, so it never waits.
+When the counters are read:
 
-Actions run in submission order. An action that raises leaves the later flags queued for the next poll/flush, so
-nothing is lost.
+* where reads are free (:func:`reads_are_free`: a CPU tensor, eager, no CPU probe simulating a GPU) the flag is read
+  at once inside :func:`record`, before the update changes anything: stock's behaviour and timing. The counters stay
+  zero;
+* on the device path the counters are read only at eager points: at the end of an eager ``update``/``forward``
+  (:func:`sweep`: on CUDA through one pinned host buffer and one event per metric, never a host wait, so a problem
+  is reported a step or two later; in a simulated device run at once), by ``compute()`` (:func:`report_pending`,
+  called once the states are synced: the one read that may wait) and by ``reset()`` (:func:`take_pending`, before
+  the states are dropped). Inside ``forward()`` (which resets and computes internally) and while tracing with
+  ``torch.compile`` nothing is read.
 
-While a CPU :class:`~torchmetrics_syncfree.probe.SyncProbe` is active, CPU flags take the CUDA path (a host copy
-that counts as ready at the next poll), so the probe sees what a GPU run would do.
+Reporting consumes the counts it reports (in place, so copies that share the tensor see it), so every offending
+update is reported once: a warning per offending update, an error once. Under DDP with ``sync_on_compute`` the
+sweep stays quiet and ``compute()`` reports the synced counts, so either every rank raises or none does.
 
-Helpers deep inside TorchMetrics' functional code (input validation, ``_safe_divide``) have no metric argument. A
-patched ``update`` runs them inside :func:`reporting_to`, which makes the metric *current* for this thread/task
-(a :class:`~contextvars.ContextVar`); such helpers call :func:`check_current`, which files the check with the current
-metric or, when there is none (the functional API), acts at once like stock (a host read, i.e. a sync on CUDA).
+While a CPU :class:`~torchmetrics_syncfree.probe.SyncProbe` is active, or with :func:`force_device_path` (the pytest
+option ``--syncfree-device-path``, the environment variable :data:`DEVICE_PATH_ENV_VAR`), CPU tensors take the
+device path: what a GPU run does, seen on the CPU.
 
 """
 
 from __future__ import annotations
 
+import os
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
 
 from torchmetrics_syncfree import probe
 
-# metric id -> (weak reference to the metric, queue of (host flag, CUDA event or None, action))
-_pending: dict[int, tuple[weakref.ref, deque]] = {}
-# the metric whose update is running in this thread/task (see reporting_to)
-_current: ContextVar[Any | None] = ContextVar("torchmetrics_syncfree_current_metric", default=None)
+#: The metric state holding one counter per kind of check.
+STATE = "_deferred_checks"
+#: The instance attribute naming the kind of check of each counter (a tuple of :class:`Check`).
+KINDS = "_deferred_check_kinds"
+#: Set to ``1`` to take the device path on CPU tensors too (as :func:`force_device_path`).
+DEVICE_PATH_ENV_VAR = "TORCHMETRICS_SYNCFREE_DEVICE_PATH"
+
+_forced = os.environ.get(DEVICE_PATH_ENV_VAR, "") not in ("", "0")
+#: on a simulated device, the number of sweeps after which a launched copy has arrived (``None``: never)
+_simulated_delay: int | None = 0
 
 
-def _queue(metric: Any, create: bool) -> deque | None:
-    key = id(metric)
-    entry = _pending.get(key)
-    if entry is not None and entry[0]() is metric:
-        return entry[1]
-    if not create:
-        return None
-    queue: deque = deque()
-    _pending[key] = (weakref.ref(metric, lambda _, key=key: _pending.pop(key, None)), queue)
-    return queue
+class Check:
+    """A kind of problem an update can find: stock's message and its exception or warning class.
+
+    Checks are module-level constants, compared by identity and pickled by reference (their ``key``), so that a
+    pickled metric reports through the same checks.
+
+    Example:
+        >>> import warnings
+        >>> from torchmetrics_syncfree._deferred import Check
+        >>> BAD_BATCH = Check("example.bad-batch", "two bad batches", UserWarning)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     BAD_BATCH.report(2)
+        >>> len(caught)
+        2
+
+    """
+
+    __slots__ = ("category", "is_error", "key", "message")
+
+    def __init__(self, key: str, message: str, category: type[Exception] | type[Warning]) -> None:
+        self.key = key
+        self.message = message
+        self.category = category
+        #: whether the check raises (once) rather than warns (once per offending update)
+        self.is_error = not issubclass(category, Warning)
+        _checks[key] = self
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _check, (self.key,)
+
+    def __repr__(self) -> str:
+        return f"Check({self.key!r})"
+
+    def report(self, count: int) -> None:
+        """Report ``count`` offending updates: one warning each, or one error for all of them."""
+        if self.is_error:
+            raise self.category(self.message)
+        for _ in range(count):
+            rank_zero_warn(self.message, self.category)
+
+
+_checks: dict[str, Check] = {}
+
+
+def _check(key: str) -> Check:
+    return _checks[key]
+
+
+#: The check of input validation (``validate_args``) on the device path: the values of an update are not valid for
+#: the metric. Where reads are free the metric raises at once, naming the values, instead.
+INVALID_VALUES = Check(
+    "invalid-values",
+    "Detected values in `preds` or `target` of an update that are not valid for this metric (labels outside"
+    " [0, num_classes) or the ignore_index; values other than 0 and 1 where binary labels are expected); that batch"
+    " was left out of the state.",
+    RuntimeError,
+)
+
+
+def force_device_path(enabled: bool) -> None:
+    """Take the device path (counters, reports at eager points) for CPU tensors too; for tests of the GPU path."""
+    global _forced
+    _forced = enabled
+
+
+@contextmanager
+def simulated_copy_delay(sweeps: int | None) -> Iterator[None]:
+    """On a simulated device, let the host copy of the counters arrive ``sweeps`` sweeps after it was launched.
+
+    ``0`` (the default) is a device that has always finished by the end of the update; ``1`` a GPU that is one step
+    behind the host; ``None`` one that never finishes before ``compute()`` waits for it. For tests of the timing.
+    """
+    global _simulated_delay
+    previous, _simulated_delay = _simulated_delay, sweeps
+    try:
+        yield
+    finally:
+        _simulated_delay = previous
+
+
+def device_path_forced() -> bool:
+    """Whether :func:`force_device_path` (or :data:`DEVICE_PATH_ENV_VAR`) is in effect."""
+    return _forced
 
 
 def reads_are_free(tensor: Tensor) -> bool:
-    """Whether reading ``tensor`` on the host costs nothing: a CPU tensor while no CPU probe simulates a GPU.
+    """Whether reading ``tensor`` on the host costs nothing right now.
 
-    Code that avoids host reads for the GPU's sake may take stock's (or a cheaper) CPU path when this is true.
+    True for a CPU tensor in eager code, unless a CPU probe simulates a GPU or the device path is forced. Code that
+    avoids host reads for the GPU's sake may take stock's (or a cheaper) host-reading path when this is true; while
+    ``torch.compile`` traces it is false on every device, so traced code never reads.
     """
-    return tensor.is_cpu and not probe.simulating_device()
+    return not _forced and tensor.is_cpu and not probe.simulating_device() and not torch.compiler.is_compiling()
 
 
-def check(metric: Any, flag: Tensor, action: Callable[[], None]) -> bool:
-    """Run ``action`` if the 0-dim bool ``flag`` is set: now on CPU, asynchronously on CUDA.
+def inside_forward(metric: Any) -> bool:
+    """True while ``Metric.forward`` runs: it clears ``_should_unsync`` for its internal reset, update and compute."""
+    return not getattr(metric, "_should_unsync", True)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the state
+
+
+def add_checks(metric: Any, kinds: Sequence[Check], size: int = 1) -> None:
+    """Give ``metric`` its check counters: ``size`` zeros, reported as ``kinds`` (empty: nothing is ever read).
+
+    The counters are a metric state (summed across ranks, not persistent), so that every operation on the metric's
+    states carries them. Their number does not depend on ``kinds``: metrics that differ only in which checks they
+    run keep the same states (e.g. for ``MetricCollection`` compute groups).
+    """
+    metric.add_state(STATE, torch.zeros(size, dtype=torch.int32), dist_reduce_fx="sum", persistent=False)
+    object.__setattr__(metric, KINDS, tuple(kinds))
+    mark_zero(metric.__dict__[STATE])
+
+
+def kinds_of(metric: Any) -> tuple[Check, ...]:
+    """The kinds of check whose counters ``metric`` reports (empty for a metric without checks)."""
+    return metric.__dict__.get(KINDS, ())
+
+
+def counters_of(metric: Any) -> Tensor | None:
+    """The check counters of ``metric``, or ``None`` for a metric that has none."""
+    return metric.__dict__.get(STATE)
+
+
+def _ensure_counters(metric: Any, kind: Check) -> Tensor:
+    """The counters of ``metric`` with ``kind`` among its kinds; added for a metric made before the patch."""
+    counters = counters_of(metric)
+    if counters is None:
+        add_checks(metric, (kind,))
+        counters = counters_of(metric).to(metric.device)
+        setattr(metric, STATE, counters)
+        mark_zero(counters)
+    elif all(known is not kind for known in kinds_of(metric)):
+        if counters.numel() != 1:
+            raise ValueError(f"{type(metric).__name__} has no counter for the check {kind.message!r}")
+        object.__setattr__(metric, KINDS, (kind,))  # the metric's setting changed since it was made
+    return counters
+
+
+def record(metric: Any, kind: Check, flag: Tensor) -> bool:
+    """File the 0-dim bool ``flag`` ("this update has the problem ``kind``") for ``metric``.
+
+    Where reads are free the flag is read at once and, if set, reported at once (an error raises before the update
+    changes anything). On the device path it is added to the metric's counter in place and reported later.
 
     Returns:
-        ``False`` when the flag is known to be clear (it was read at once), ``True`` when it was set or is not read
-        yet. Callers use this to skip work that only matters when the flag is set.
+        ``False`` when the flag is known to be clear, ``True`` when it is set or not read: callers use this to skip
+        the masking that only matters when it is set.
 
     """
     if reads_are_free(flag):
         if flag:
-            action()
+            kind.report(1)
             return True
         return False
-    if flag.is_cuda:
-        host = torch.empty((), dtype=torch.bool, pin_memory=True)
-        host.copy_(flag, non_blocking=True)
-        event: torch.cuda.Event | None = torch.cuda.Event()
-        event.record()
-    else:  # a CPU probe simulates the device: the copy is ready at the next poll
-        host, event = flag.detach().clone(), None
-    _queue(metric, create=True).append((host, event, action))
+    counters = _ensure_counters(metric, kind)
+    counters[_slot(metric, kind)].add_(flag)
     return True
 
 
-def _drain(queue: deque, wait: bool) -> None:
-    while queue:
-        host, event, action = queue[0]
-        if event is not None and not event.query():
-            if not wait:
-                return
-            probe.report(probe.HOST_WAIT, "torch.cuda.Event.synchronize")
-            event.synchronize()
-        queue.popleft()
-        with probe.quiet():  # a host buffer: reading it never synchronizes
-            is_set = bool(host)
-        if is_set:
-            action()
+def _slot(metric: Any, kind: Check) -> int:
+    for slot, known in enumerate(kinds_of(metric)):
+        if known is kind:
+            return slot
+    raise ValueError(f"{type(metric).__name__} does not report {kind!r}")
 
 
-def poll(metric: Any) -> None:
-    """Run the actions of every check of ``metric`` that has completed; never waits."""
-    if not _pending:  # nothing queued for any metric: always so on CPU, where checks are read at once
+# counters known to be all zero at a version: id(counters) -> (weak reference, version). Only CPU counters are
+# entered: a CUDA graph replay can write CUDA counters without bumping their version.
+_zero: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def mark_zero(counters: Tensor) -> None:
+    """Remember that ``counters`` are all zero now, so that an eager point need not read them (CPU only)."""
+    if counters.is_cpu:
+        key = id(counters)
+        _zero[key] = (weakref.ref(counters, lambda _, key=key: _zero.pop(key, None)), counters._version)
+
+
+def _surely_zero(counters: Tensor) -> bool:
+    entry = _zero.get(id(counters))
+    return entry is not None and entry[0]() is counters and entry[1] == counters._version
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# reading at eager points
+
+
+class _Reader:
+    """The asynchronous read of one metric's counters: a device snapshot, its host copy and the event that says when.
+
+    On CUDA the host copy is pinned memory written with ``non_blocking=True`` and the event is recorded on the
+    counters' device; on a simulated device the copy is ready at once. Kept outside the metric (by ``id``), so that
+    copies and pickles of the metric never carry buffers or events: a copy reports its counters through its own.
+    """
+
+    def __init__(self, counters: Tensor) -> None:
+        self.device = counters.device
+        self.snapshot = torch.zeros_like(counters)
+        self.host = torch.zeros(counters.shape, dtype=counters.dtype, pin_memory=counters.is_cuda)
+        self.event: Any = torch.cuda.Event() if counters.is_cuda else None
+        self.in_flight = False
+        self.age = 0  # sweeps since the launch (for a simulated device's copy delay)
+
+    def launch(self, counters: Tensor) -> None:
+        self.snapshot.copy_(counters)
+        if self.event is None:
+            with probe.quiet():  # the simulated pinned copy: on a GPU this is an asynchronous copy, not a read
+                self.host.copy_(self.snapshot)
+        else:
+            self.host.copy_(self.snapshot, non_blocking=True)
+            self.event.record(torch.cuda.current_stream(self.device))
+        self.in_flight = True
+        self.age = 0
+
+    def ready(self) -> bool:
+        if self.event is None:
+            return _simulated_delay is not None and self.age >= _simulated_delay
+        return self.event.query()
+
+    def take(self, counters: Tensor) -> list[int]:
+        """The snapshot's counts (the host copy has arrived), consumed from ``counters`` in place."""
+        self.in_flight = False
+        with probe.quiet():  # the host copy: reading it never synchronizes
+            counts = self.host.tolist()
+        if any(counts):
+            counters.sub_(self.snapshot)
+        return counts
+
+
+_readers: dict[int, tuple[weakref.ref, _Reader]] = {}
+
+
+def _reader(metric: Any, counters: Tensor, create: bool = True) -> _Reader | None:
+    key = id(metric)
+    entry = _readers.get(key)
+    if entry is not None and entry[0]() is metric and entry[1].device == counters.device:
+        return entry[1]
+    if not create:
+        return None
+    reader = _Reader(counters)
+    _readers[key] = (weakref.ref(metric, lambda _, key=key: _readers.pop(key, None)), reader)
+    return reader
+
+
+def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
+    """Warnings first, then the first error: an error never hides a warning."""
+    pending = [(kind, count) for kind, count in zip(kinds, counts) if count]
+    for kind, count in pending:
+        if not kind.is_error:
+            kind.report(count)
+    for kind, count in pending:
+        if kind.is_error:
+            kind.report(count)  # raises: the first error is the one reported
+
+
+def _quiet_time(metric: Any) -> bool:
+    """Whether nothing may be read now: inside ``forward`` or while tracing."""
+    return inside_forward(metric) or torch.compiler.is_compiling()
+
+
+def sweep(metric: Any) -> None:
+    """The end of an eager ``update``/``forward`` on the device path: report what has arrived, never wait.
+
+    Reads the host copy of the counters once its event has completed, reports and consumes those counts, then starts
+    the next copy. Under DDP with ``sync_on_compute`` it does nothing: ``compute()`` reports the synced counts, so
+    that no rank raises alone.
+    """
+    kinds = metric.__dict__.get(KINDS)
+    if not kinds or _quiet_time(metric):
         return
-    queue = _queue(metric, create=False)
-    if queue:
-        _drain(queue, wait=False)
+    counters = counters_of(metric)
+    if counters is None or reads_are_free(counters) or _reports_at_sync(metric):
+        return
+    reader = _reader(metric, counters)
+    counts: list[int] = []
+    if reader.in_flight:
+        reader.age += 1
+        if reader.ready():
+            counts = reader.take(counters)
+    if not reader.in_flight:
+        reader.launch(counters)
+        if not any(counts) and reader.ready():  # a simulated device: the copy has arrived already
+            counts = reader.take(counters)
+            mark_zero(counters)  # launched and taken with nothing in between: all of it was consumed
+    _report(kinds, counts)
 
 
-def flush(metric: Any) -> None:
-    """Run the actions of every pending check of ``metric``, waiting for unfinished ones."""
-    queue = _queue(metric, create=False)
-    if queue:
-        if probe.simulating_device() and any(event is None for _, event, _ in queue):
-            # on a GPU the newest checks would usually still be running when compute() is called
-            probe.report(probe.HOST_WAIT, "torch.cuda.Event.synchronize")
-        _drain(queue, wait=True)
+def _reports_at_sync(metric: Any) -> bool:
+    """Whether ``compute()`` syncs this metric's states across a process group (without calling user functions)."""
+    return bool(
+        getattr(metric, "sync_on_compute", False)
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    )
 
 
-def pending(metric: Any) -> int:
-    """Number of checks of ``metric`` not yet read."""
-    queue = _queue(metric, create=False)
-    return len(queue) if queue else 0
+def take_pending(metric: Any) -> list[int] | None:
+    """Read and consume every count of ``metric`` (an eager point: may wait on a GPU); ``None`` if nothing is there.
+
+    The counters are zeroed in place (a state shared with other metrics, or with a wrapper's copy of the state, sees
+    that too); when the states are synced, the rank's own counters (restored by ``unsync``) are zeroed as well.
+    """
+    kinds = metric.__dict__.get(KINDS)
+    if not kinds or _quiet_time(metric):
+        return None
+    counters = counters_of(metric)
+    if counters is None or _surely_zero(counters):
+        return None
+    if not reads_are_free(counters) and probe.simulating_device():
+        probe.report(probe.HOST_WAIT, "Tensor.tolist")  # on a GPU this read waits for the queued work
+    with probe.quiet():
+        counts = counters.tolist()
+    reader = _reader(metric, counters, create=False)
+    if reader is not None:
+        reader.in_flight = False  # what its copy would report is read now
+    if not any(counts):
+        mark_zero(counters)
+        return None
+    counters.zero_()
+    mark_zero(counters)
+    if metric._is_synced and metric._cache and STATE in metric._cache:
+        metric._cache[STATE].zero_()  # the rank's own counts, restored by unsync(): reported with the synced sum
+    return counts
 
 
-def inside_forward(metric: Any) -> bool:
-    """True while ``Metric.forward`` computes the batch value (it clears ``_should_unsync`` for exactly that call)."""
-    return not getattr(metric, "_should_unsync", True)
-
-
-def queued() -> bool:
-    """Whether any metric has checks waiting to be read (never on CPU, where checks are read at once)."""
-    return bool(_pending)
+def report_counts(metric: Any, counts: Sequence[int] | None) -> None:
+    """Report counts taken by :func:`take_pending` (warnings first, then the first error)."""
+    if counts:
+        _report(kinds_of(metric), counts)
 
 
 def report_pending(metric: Any) -> None:
-    """What ``compute()`` does first: everything pending, except inside ``forward()`` where it must not wait."""
-    if not _pending:
-        return
-    if inside_forward(metric):
-        poll(metric)
-    else:
-        flush(metric)
-
-
-def current() -> Any | None:
-    """The metric made current by :func:`reporting_to`, or ``None`` outside a patched ``update``."""
-    return _current.get()
-
-
-@contextmanager
-def reporting_to(metric: Any) -> Iterator[None]:
-    """Make ``metric`` current for the block: :func:`check_current` files its checks with it."""
-    token = _current.set(metric)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
-def call_reporting_to(metric: Any, function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` with ``metric`` current, as inside :func:`reporting_to`, without a generator per call."""
-    token = _current.set(metric)
-    try:
-        return function(*args)
-    finally:
-        _current.reset(token)
-
-
-def check_current(flag: Tensor, action: Callable[[], None]) -> None:
-    """:func:`check` for the current metric; without one, run ``action`` at once if ``flag`` is set (stock timing).
-
-    The fallback reads ``flag`` on the host, as stock does: the functional API has no later point to report at.
-    """
-    metric = _current.get()
-    if metric is not None:
-        check(metric, flag, action)
-    elif flag:
-        action()
+    """What ``compute()`` does once the states are synced: report every pending count (may wait on a GPU)."""
+    report_counts(metric, take_pending(metric))

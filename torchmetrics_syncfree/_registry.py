@@ -11,7 +11,13 @@ Two kinds of targets exist:
     A plain attribute of a module or class (a helper function, a method that TorchMetrics looks up on every
     call). Module-level helpers that other TorchMetrics modules imported by name (``from ... import
     _safe_divide``) are replaced in every ``torchmetrics.*`` module that holds the original object, because those
-    modules look the name up in their own globals.
+    modules look the name up in their own globals. A module first imported while patched binds the replacement
+    itself; :func:`unpatch_all` finds such copies by a scan of the loaded ``torchmetrics.*`` modules and puts the
+    original there too.
+
+``setting``
+    A configuration value outside TorchMetrics that the patched code needs (:func:`declares_setting`), set while
+    patched and put back by :func:`unpatch_all`.
 
 ``metric_method``
     ``update`` or ``compute`` of a :class:`~torchmetrics.Metric` subclass. ``Metric.__init__`` wraps the *bound*
@@ -20,6 +26,9 @@ Two kinds of targets exist:
     class attribute becomes a descriptor instead (see :class:`_MetricUpdate`, :class:`_MetricMethod`): metrics created
     while patched wrap a dispatcher that follows the registry's state, and metrics created before are switched
     to that dispatcher the first time their method is looked up.
+
+While installed, every replacement carries the original's name, docstring and signature (see
+:func:`_present_as_original`), so ``help(MeanMetric.update)`` and IDEs show stock's documentation.
 
 """
 
@@ -34,7 +43,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import MethodType, ModuleType
+from types import FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 
 from lightning_utilities.core.imports import RequirementCache
@@ -45,9 +54,12 @@ SUPPORTED_TORCHMETRICS = ">=1.6.1,<1.10"
 FORCE_ENV_VAR = "TORCHMETRICS_SYNCFREE_FORCE"
 
 _MISSING: Any = object()
+#: what ``help()``, IDEs and ``inspect.signature`` read from a function, besides ``__signature__``
+_PRESENTED = ("__module__", "__name__", "__qualname__", "__doc__")
 _lock = threading.RLock()
 _specs: dict[str, PatchSpec] = {}
 _area_modules: dict[str, str] = {}
+_area_requires: dict[str, tuple[str, ...]] = {}
 
 
 class UnsupportedVersionError(RuntimeError):
@@ -75,7 +87,7 @@ class PatchSpec:
 
     target: str
     replacement: Callable[..., Any]
-    kind: Literal["attribute", "metric_method"]
+    kind: Literal["attribute", "metric_method", "setting"]
     params: tuple[str, ...] | None
     area: str
     everywhere: bool = False
@@ -83,6 +95,10 @@ class PatchSpec:
     original: Any = _MISSING
     # (namespace, attribute name, previous value or _MISSING) for every place the patch was written to
     installed_at: list[tuple[Any, str, Any]] = field(default_factory=list)
+    # what _install wrote into the owner (the replacement, or the metric-method descriptor) while active
+    installed: Any = _MISSING
+    # (replacement, its own name, docstring and __signature__) while it presents itself as the original
+    own_presentation: tuple[Callable[..., Any], dict[str, Any]] | None = None
     _dispatcher: Callable[..., Any] | None = None
 
     @property
@@ -138,9 +154,28 @@ def replaces(
     return decorator
 
 
-def register_area(name: str, module: str) -> None:
-    """Make ``module`` (which declares patches with :func:`replaces`) part of :func:`patch_all`."""
+def declares_setting(target: str, value: Any, area: str) -> None:
+    """Declare that ``area`` needs the module attribute ``target`` set to ``value`` while patched.
+
+    Example:
+        >>> from torchmetrics_syncfree._registry import declares_setting
+        >>> declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, "metric")  # doctest: +SKIP
+
+    """
+    with _lock:
+        if target in _specs and _specs[target].replacement != value:
+            raise ValueError(f"{target} is already declared with {_specs[target].replacement!r}")
+        _specs[target] = PatchSpec(target, value, "setting", None, area)
+
+
+def register_area(name: str, module: str, requires: tuple[str, ...] = ()) -> None:
+    """Make ``module`` (which declares patches with :func:`replaces`) part of :func:`patch_all`.
+
+    ``requires`` names areas that are patched whenever this one is (e.g. the ``Metric`` life cycle of the deferred
+    checks that an area's updates file).
+    """
     _area_modules[name] = module
+    _area_requires[name] = requires
 
 
 def _load_areas(areas: Iterator[str] | None = None) -> list[PatchSpec]:
@@ -148,6 +183,7 @@ def _load_areas(areas: Iterator[str] | None = None) -> list[PatchSpec]:
     unknown = sorted(set(names) - set(_area_modules))
     if unknown:
         raise ValueError(f"Unknown patch area(s) {unknown}; known: {sorted(_area_modules)}")
+    names += [required for name in list(names) for required in _area_requires[name] if required not in names]
     for name in names:
         importlib.import_module(_area_modules[name])
     return [spec for spec in _specs.values() if spec.area in names]
@@ -201,6 +237,10 @@ def check_version(force: bool = False) -> None:
 def _validate(spec: PatchSpec) -> Any:
     """Check that the target exists with the expected signature and return its current value."""
     owner, name = _resolve(spec.target)
+    if spec.kind == "setting":
+        if not hasattr(owner, name):
+            raise PatchTargetError(f"{spec.target} does not exist (torch {_torch_version()})")
+        return getattr(owner, name)
     current = _lookup(owner, name)
     if current is _MISSING:
         raise PatchTargetError(f"{spec.target} does not exist in torchmetrics {installed_torchmetrics_version()}")
@@ -304,10 +344,21 @@ def adopt(metric: Any) -> None:
             stand_in.adopt(metric)
 
 
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def _install(spec: PatchSpec, original: Any) -> None:
     owner, name = _resolve(spec.target)
     spec.original = original
     spec.installed_at = []
+    if spec.kind == "setting":
+        spec.installed_at.append((owner, name, original))
+        setattr(owner, name, spec.replacement)
+        spec.active = True
+        return
     if spec.kind == "metric_method":
         if not isinstance(owner, type):
             raise PatchTargetError(f"{spec.target}: metric_method targets must be class attributes")
@@ -328,16 +379,75 @@ def _install(spec: PatchSpec, original: Any) -> None:
         previous = namespace.__dict__.get(attr, _MISSING) if isinstance(namespace, type) else vars(namespace)[attr]
         spec.installed_at.append((namespace, attr, previous))
         setattr(namespace, attr, new_value)
+    spec.installed = new_value
+    _present_as_original(spec)
     spec.active = True
 
 
+def _present_as_original(spec: PatchSpec) -> None:
+    """Give the installed replacement the original's name, docstring and signature, as ``functools.wraps`` would.
+
+    ``help()``, IDEs and :func:`inspect.signature` then show stock's documentation while TorchMetrics is patched.
+    The replacement itself is relabelled rather than wrapped: a wrapper would add a call to every update, and the
+    layer relies on finding its own function object installed (e.g. to tell a subclass's override from the
+    patch). The signature goes into ``__signature__``, not ``__wrapped__``: :func:`inspect.getsource` follows
+    ``__wrapped__`` and would show stock code that does not run. :func:`_uninstall` gives the replacement its own
+    labels back.
+    """
+    replacement, original = spec.replacement, spec.original
+    if not isinstance(replacement, FunctionType) or not isinstance(original, FunctionType):
+        return
+    own = {attr: getattr(replacement, attr) for attr in _PRESENTED}
+    own["__signature__"] = replacement.__dict__.get("__signature__", _MISSING)
+    signature = inspect.signature(original)
+    for attr in _PRESENTED:
+        setattr(replacement, attr, getattr(original, attr))
+    replacement.__signature__ = signature  # type: ignore[attr-defined]
+    spec.own_presentation = replacement, own
+
+
+def _present_as_itself(spec: PatchSpec) -> None:
+    presented, spec.own_presentation = spec.own_presentation, None
+    if presented is None:
+        return
+    replacement, own = presented
+    for attr, value in own.items():
+        if value is _MISSING:
+            delattr(replacement, attr)
+        else:
+            setattr(replacement, attr, value)
+
+
+def _copies_made_by_later_imports(spec: PatchSpec) -> list[tuple[Any, str, Any]]:
+    """Places outside :attr:`PatchSpec.installed_at` that hold the installed replacement of an ``everywhere`` spec.
+
+    A TorchMetrics module first imported while patched runs ``from torchmetrics.utilities.compute import
+    _safe_divide`` against the patched module and binds the replacement in its own globals; :func:`patch_all` never
+    wrote there, so only a scan at unpatch time finds it. The original is what such a module would hold had it been
+    imported while TorchMetrics was stock.
+    """
+    recorded = {(id(namespace), attr) for namespace, attr, _ in spec.installed_at}
+    return [
+        (module, attr, spec.original)
+        for module in _torchmetrics_modules()
+        for attr, value in list(vars(module).items())
+        if value is spec.installed and (id(module), attr) not in recorded
+    ]
+
+
 def _uninstall(spec: PatchSpec) -> None:
+    if spec.everywhere:
+        spec.installed_at += _copies_made_by_later_imports(spec)
     for namespace, attr, previous in reversed(spec.installed_at):
-        if previous is _MISSING:
+        if spec.kind == "setting":
+            setattr(namespace, attr, previous)
+        elif previous is _MISSING:
             delattr(namespace, attr)
         else:
             setattr(namespace, attr, previous)
+    _present_as_itself(spec)
     spec.installed_at = []
+    spec.installed = _MISSING
     spec.active = False
 
 
@@ -449,7 +559,7 @@ def get_original(target: str) -> Any:
     if spec.active:
         return spec.original
     owner, name = _resolve(target)
-    return _lookup(owner, name)
+    return getattr(owner, name) if spec.kind == "setting" else _lookup(owner, name)
 
 
 def patched_targets() -> list[str]:

@@ -8,9 +8,9 @@ stock                                          sync-free
 ``torch.as_tensor(0.25, device=dev)``          ``torch.full((), 0.25, device=dev)``: a kernel argument, no copy
 default weight ``ones_like(value)`` (1.7+) or  no weight tensor at all: unit weights are summed as ``numel``
 ``as_tensor(1.0)`` (1.6)
-``if nans.any() or nans_weight.any():``        the check stays on the device (``_deferred.check``): warnings and
-                                               errors reach the user on CPU at once, on CUDA at the next update
-                                               or ``compute()``
+``if nans.any() or nans_weight.any():``        a deferred check (``_deferred.record``): read at once on CPU;
+                                               on the device path a counter in the metric's state, reported at
+                                               an eager point (end of a later update, ``compute()``, ``reset()``)
 ``x[~nans]`` (``"ignore"``/``"warn"``)         NaN entries are kept but neutralised: weight 0 for means, 0 for
                                                sums, -inf/+inf for max/min; ``CatMetric`` drops them in
                                                ``compute()``
@@ -25,10 +25,11 @@ Deliberate deviations from stock, each a stock bug (tested in ``tests/test_aggre
 * ``nan_strategy="disable"`` applies the given weights (stock 1.7+ silently replaces them with ones);
 * on torchmetrics 1.6, ``MeanMetric.update(value, weight=None)`` means unit weights, as in later releases.
 
-What ``nan_strategy="error"`` leaves behind on CUDA: the update that contained NaN contributes nothing to the state
-(as in stock, which raises before updating), and neither does the call that raises the error (a call that raises
-changes nothing, as in stock); updates in between are kept. A ``CatMetric`` keeps the NaN batch in its list state and
-leaves it out of ``compute()``.
+How the checks of ``"warn"``/``"error"`` reach the user: see :mod:`torchmetrics_syncfree._deferred`. Where reads are
+free (CPU) at once, as stock; on the device path (CUDA, ``torch.compile``) the NaN count is a metric state reported at
+the end of a later eager update or forward, by ``compute()`` or by ``reset()``. The update that contained NaN
+contributes nothing to the state with ``"error"`` (stock raises before updating); a ``CatMetric`` keeps that batch in
+its list state and leaves it out of ``compute()``.
 
 """
 
@@ -41,24 +42,19 @@ from typing import Any
 import torch
 from lightning_utilities.core.imports import compare_version
 from torch import Tensor
-from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import adopt, replaces
+from torchmetrics_syncfree._registry import replaces
 
 _MODULE = "torchmetrics.aggregation"
 #: torchmetrics 1.6 gave NaN positions the fill value as weight too; 1.7 (PR #2943) changed that to 1.
 _FILL_WEIGHT_IS_ONE = compare_version("torchmetrics", operator.ge, "1.7.0")
 _NAN_MESSAGE = "Encountered `nan` values in tensor"
-
-
-def _raise_nan() -> None:
-    raise RuntimeError(_NAN_MESSAGE)
-
-
-def _warn_nan() -> None:
-    rank_zero_warn(f"{_NAN_MESSAGE}. Will be removed.", UserWarning)
+#: what ``nan_strategy="error"`` and ``"warn"`` report, per offending update
+NAN_ERROR = _deferred.Check("aggregation.nan-error", _NAN_MESSAGE, RuntimeError)
+NAN_WARNING = _deferred.Check("aggregation.nan-warning", f"{_NAN_MESSAGE}. Will be removed.", UserWarning)
+_REPORTED_NAN = {"error": NAN_ERROR, "warn": NAN_WARNING}
 
 
 def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
@@ -92,8 +88,8 @@ def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tenso
         nans = nans | torch.isnan(weight)
     if strategy == "error":
         any_nan = nans.any()
-        return any_nan.expand(nans.shape) if _deferred.check(metric, any_nan, _raise_nan) else None
-    if strategy == "warn" and not _deferred.check(metric, nans.any(), _warn_nan):
+        return any_nan.expand(nans.shape) if _deferred.record(metric, NAN_ERROR, any_nan) else None
+    if strategy == "warn" and not _deferred.record(metric, NAN_WARNING, nans.any()):
         return None
     return nans
 
@@ -116,6 +112,17 @@ def _neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
     return value.masked_fill(mask, neutral if fill is None else fill)
 
 
+@replaces(
+    f"{_MODULE}.BaseAggregator.__init__",
+    params=("self", "fn", "default_value", "nan_strategy", "state_name", "kwargs"),
+)
+def _aggregator_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the NaN check (reported as the ``nan_strategy`` says)."""
+    _original("BaseAggregator.__init__")(self, *args, **kwargs)
+    reported = _REPORTED_NAN.get(self.nan_strategy) if isinstance(self.nan_strategy, str) else None
+    _deferred.add_checks(self, () if reported is None else (reported,))
+
+
 def _uses_stock_nan_check(metric: Any) -> bool:
     """A subclass that overrides ``_cast_and_nan_check_input`` gets its override, through the stock ``update``."""
     return type(metric)._cast_and_nan_check_input is not _cast_and_nan_check_input
@@ -127,19 +134,18 @@ def _cast_and_nan_check_input(
 ) -> tuple[Tensor, Tensor]:
     """Stock's contract for subclasses that call this helper from their own ``update``.
 
-    The built-in aggregators no longer use it. ``"error"``, ``"disable"`` and float strategies are sync-free here;
-    ``"warn"``/``"ignore"`` must return tensors without the NaN entries, a data-dependent shape, so they keep stock's
-    filtering (one sync) for such subclasses.
+    The built-in aggregators no longer use it. ``"disable"`` and float strategies are sync-free here.
+    ``"warn"``/``"ignore"`` must return tensors without the NaN entries, a data-dependent shape, and ``"error"`` must
+    keep NaN out of a state whose update this module does not know, so they keep stock's checks (one sync) for such
+    subclasses.
 
     """
-    if self.nan_strategy in ("warn", "ignore"):
+    if self.nan_strategy in ("warn", "ignore", "error"):
         return _original("BaseAggregator._cast_and_nan_check_input")(
             self, _to_metric_tensor(self, x), None if weight is None else _to_metric_tensor(self, weight)
         )
     x = _to_metric_tensor(self, x).to(self.dtype)
     weight = torch.ones_like(x) if weight is None else _to_metric_tensor(self, weight).to(self.dtype)
-    if self.nan_strategy == "error":
-        adopt(self)  # the subclass's compute() must report the check even if the metric predates patch_all()
     mask = _nan_mask(self, x, weight)
     fill = _impute_value(self)
     if mask is not None and fill is not None:
@@ -162,12 +168,17 @@ def _stock_update(metric: Any, qualname: str, *args: Any) -> None:
 def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None = None) -> None:
     if _uses_stock_nan_check(self):
         return _stock_update(self, "MeanMetric.update", value, weight)
-    _deferred.poll(self)
+    _mean_fold(self, value, weight)
+    _deferred.sweep(self)
+    return None
+
+
+def _mean_fold(self: Any, value: float | Tensor, weight: float | Tensor | None) -> None:
     value = _to_metric_tensor(self, value)
     if weight is not None:
         weight = torch.broadcast_to(_to_metric_tensor(self, weight), value.shape)
     if value.numel() == 0:
-        return None
+        return
     value = _as_dtype(value, self.dtype)
     if weight is not None:
         weight = _as_dtype(weight, self.dtype)
@@ -180,7 +191,8 @@ def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None
                 mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill
             )
         mask = None
-    # the states are updated in place (no attribute assignment): the same tensors, without nn.Module.__setattr__
+    # the states are updated in place (no attribute assignment): the same tensors, without nn.Module.__setattr__,
+    # and what a CUDA graph replays
     if weight is None:
         if mask is None:
             self.mean_value.add_(value.sum())
@@ -188,14 +200,13 @@ def _mean_update(self: Any, value: float | Tensor, weight: float | Tensor | None
         else:
             self.mean_value.add_(value.masked_fill(mask, 0.0).sum())
             self.weight.add_(mask.logical_not().sum(dtype=self.weight.dtype))
-        return None
+        return
     weighted = value * weight
     if mask is not None:
         weighted = weighted.masked_fill(mask, 0.0)
         weight = weight.masked_fill(mask, 0.0)
     self.mean_value.add_(weighted.sum())
     self.weight.add_(weight.sum())
-    return None
 
 
 def _update_single(
@@ -204,10 +215,10 @@ def _update_single(
     """The common body of Sum/Max/Min/Cat ``update``: cast, check, neutralise NaN entries, fold into the state."""
     if _uses_stock_nan_check(metric):
         return _stock_update(metric, qualname, value)
-    _deferred.poll(metric)
     value = _as_dtype(_to_metric_tensor(metric, value), metric.dtype)
     if value.numel():
         fold(_neutralise(metric, value, neutral))
+    _deferred.sweep(metric)
     return None
 
 
@@ -216,40 +227,37 @@ def _sum_update(self: Any, value: float | Tensor) -> None:
     _update_single(self, "SumMetric.update", value, 0.0, lambda v: self.sum_value.add_(v.sum()))
 
 
+def _fold_extreme(metric: Any, name: str, extreme: Callable[[Tensor, Tensor], Tensor], batch: Tensor) -> None:
+    """``state = extreme(state, batch)``, in place unless autograd records it (``forward`` with ``_enable_grad``).
+
+    In place, the state tensor that a CUDA graph captured is the one that holds the result after every replay;
+    autograd needs the old state kept for the backward pass of ``extreme``.
+    """
+    state = getattr(metric, name)
+    if torch.is_grad_enabled():
+        setattr(metric, name, extreme(state, batch))
+    else:
+        state.copy_(extreme(state, batch))
+
+
 @replaces(f"{_MODULE}.MaxMetric.update", params=("self", "value"), kind="metric_method")
 def _max_update(self: Any, value: float | Tensor) -> None:
-    def fold(v: Tensor) -> None:
-        self.max_value = torch.max(self.max_value, v.max())
-
-    _update_single(self, "MaxMetric.update", value, float("-inf"), fold)
+    _update_single(
+        self, "MaxMetric.update", value, float("-inf"), lambda v: _fold_extreme(self, "max_value", torch.max, v.max())
+    )
 
 
 @replaces(f"{_MODULE}.MinMetric.update", params=("self", "value"), kind="metric_method")
 def _min_update(self: Any, value: float | Tensor) -> None:
-    def fold(v: Tensor) -> None:
-        self.min_value = torch.min(self.min_value, v.min())
-
-    _update_single(self, "MinMetric.update", value, float("inf"), fold)
+    _update_single(
+        self, "MinMetric.update", value, float("inf"), lambda v: _fold_extreme(self, "min_value", torch.min, v.min())
+    )
 
 
 @replaces(f"{_MODULE}.CatMetric.update", params=("self", "value"), kind="metric_method")
 def _cat_update(self: Any, value: float | Tensor) -> None:
     # "warn"/"ignore"/"error" append the batch as it is (NaN is the neutral element here); compute() drops NaN entries
     _update_single(self, "CatMetric.update", value, float("nan"), self.value.append)
-
-
-@replaces(f"{_MODULE}.BaseAggregator.compute", params=("self",), kind="metric_method")
-def _aggregator_compute(self: Any) -> Tensor:
-    if _deferred.queued():
-        _deferred.report_pending(self)
-    return getattr(self, self.state_name)
-
-
-@replaces(f"{_MODULE}.MeanMetric.compute", params=("self",), kind="metric_method")
-def _mean_compute(self: Any) -> Tensor:
-    if _deferred.queued():
-        _deferred.report_pending(self)
-    return self.mean_value / self.weight
 
 
 def _without_nan(values: list[Tensor], whole_batches: bool) -> list[Tensor]:
@@ -268,12 +276,20 @@ def _without_nan(values: list[Tensor], whole_batches: bool) -> list[Tensor]:
 
 @replaces(f"{_MODULE}.CatMetric.compute", params=("self",), kind="metric_method")
 def _cat_compute(self: Any) -> Tensor | list:
-    _deferred.report_pending(self)
+    """Stock's concatenation; NaN entries kept by the updates are dropped here (a read: the size depends on them).
+
+    Inside ``forward`` on the device path the batch is returned as it is, NaN entries included: dropping them would
+    read the device on every ``forward`` (see the module docstring).
+    """
     values = self.value
     if isinstance(values, list) and not values:
         return values
     result = dim_zero_cat(values) if isinstance(values, list) else values
-    if self.nan_strategy not in ("warn", "ignore", "error") or not torch.isnan(result).any():
+    if self.nan_strategy not in ("warn", "ignore", "error"):
+        return result
+    if _deferred.inside_forward(self) and not _deferred.reads_are_free(result):
+        return result
+    if not torch.isnan(result).any():
         # one read of the data per compute(): its result's size depends on the data anyway
         return result
     kept = _without_nan([values] if isinstance(values, Tensor) else values, self.nan_strategy == "error")

@@ -141,8 +141,10 @@ def _family(metric: Any) -> str:
     )
 
 
-def make_inputs(kind: str, metric: Any, device: torch.device, seed: int = 0) -> tuple[tuple[Any, ...], dict]:
-    """Update arguments of one input ``kind`` (``"auto"`` picks the kind from the metric's family)."""
+def make_inputs(
+    kind: str, metric: Any, device: torch.device, seed: int = 0, batch: int = BATCH
+) -> tuple[tuple[Any, ...], dict]:
+    """Update arguments of one input ``kind`` for ``batch`` samples (``"auto"``: the kind of the metric's family)."""
     if kind == "auto":
         kind = _family(metric)
     gen = torch.Generator().manual_seed(seed)
@@ -154,23 +156,23 @@ def make_inputs(kind: str, metric: Any, device: torch.device, seed: int = 0) -> 
         return torch.randint(0, high, shape, generator=gen).to(device)
 
     if kind == "vector":
-        return (rand(BATCH),), {}
+        return (rand(batch),), {}
     if kind == "loss":
         return (torch.rand((), generator=gen).to(device),), {}
     if kind == "float":
         return (0.25,), {}
     if kind == "weighted":
-        return (rand(BATCH),), {"weight": rand(BATCH)}
+        return (rand(batch),), {"weight": rand(batch)}
     if kind == "binary":
-        return (rand(BATCH), randint(2, BATCH)), {}
+        return (rand(batch), randint(2, batch)), {}
     if kind == "multiclass":
         classes = int(metric.num_classes)
-        return (rand(BATCH, classes).softmax(-1), randint(classes, BATCH)), {}
+        return (rand(batch, classes).softmax(-1), randint(classes, batch)), {}
     if kind == "multilabel":
         labels = int(metric.num_labels)
-        return (rand(BATCH, labels), randint(2, BATCH, labels)), {}
+        return (rand(batch, labels), randint(2, batch, labels)), {}
     if kind == "regression":
-        return (rand(BATCH), rand(BATCH)), {}
+        return (rand(batch), rand(batch)), {}
     raise ValueError(f"unknown input kind {kind!r}")
 
 

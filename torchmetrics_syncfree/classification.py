@@ -12,8 +12,6 @@ stock                                                sync-free
 ==================================================  ===========================================================
 ``_safe_divide``: ``torch.tensor(zd).to(dev)``       ``torch.full((), zd, device=dev)``: a kernel argument
 (1.6-1.8, a host-to-device copy)
-``_safe_divide(..., "warn")``: ``if any(denom==0)``  the flag is checked through ``_deferred`` (warns on CUDA at
-                                                     the next update or compute)
 ``_adjust_weights_safe_divide``:                     ``masked_fill`` (same values, no data-dependent shape)
 ``weights[mask] = 0.0``
 multiclass macro/weighted/none ``update``:           counts ``target * C + preds`` with ``scatter_add_`` into a
@@ -25,10 +23,13 @@ multiclass macro/weighted/none ``update``:           counts ``target * C + preds
 class), ``target[idx] = -1`` (binary/multilabel),    (micro), routed to the dropped bin (macro/weighted/none),
 ``target_oh[mask, :] = -1`` (top_k > 1/samplewise)   ``masked_fill`` (the others)
 ``validate_args``: ``torch.unique`` + ``if ...:``    value checks computed on the device into one flag per
-                                                     update, raised through ``_deferred``: at once on CPU, on
-                                                     CUDA at the next ``update``/``forward`` or at ``compute()``
+                                                     update, a deferred check (``_deferred.record``): raised at
+                                                     once on CPU; on the device path the invalid batch is left
+                                                     out and reported at an eager point
 ``torch.nn.functional.one_hot`` (checks min/max on   comparison with ``arange(C)`` (top_k > 1, samplewise)
 the host on CPU; device assert on CUDA)
+stock ``_update_state`` (1.7+): ``self.tp + tp``     in place (``add_``): a captured CUDA graph replays into the
+                                                     metric's own tensors
 ``normalize_logits_if_needed`` on CPU:               the device path (``torch.where``) whenever a CPU
 ``if not torch.all(0 <= x <= 1)``                    ``SyncProbe`` simulates a GPU; on a real GPU stock already
                                                      takes that path and on plain CPU the read is free, so
@@ -41,11 +42,12 @@ less: multiclass labels are checked with one ``aminmax`` read at once (with scor
 the confusion ``bincount`` itself rejects a bad target, see ``_counting_checks_target``); labels checked that way
 need no validity mask, and the counting is ``torch.bincount`` with fewer ops than stock's.
 
-The patched ``*StatScores.update`` runs the stock ``update`` with the metric made current
-(:func:`torchmetrics_syncfree._deferred.reporting_to`), so the validation helpers, which have no metric argument,
-can file their device flags with it. ``_AbstractStatScores._final_state`` (the first line of every ``compute``)
-reports pending checks first. The functional API (``multiclass_accuracy(...)``) has no metric: its validation is
-stock's (with its host reads), everything else is the sync-free code above.
+The patched ``*StatScores.update`` passes the metric to the validation functions (``metric=``, as the upstream series
+does), which file the check with it and return the device flag; the update zeroes the batch's counts when it is set
+and ends with :func:`torchmetrics_syncfree._deferred.sweep`. ``_create_state`` adds the check counters; ``compute()``
+and ``reset()`` report through the patched ``Metric`` (:mod:`torchmetrics_syncfree.metric`). The functional API
+(``multiclass_accuracy(...)``) has no metric: its validation is stock's (with its host reads), everything else is
+the sync-free code above. Every patched update traces under ``torch.compile(fullgraph=True)``.
 
 Deliberate deviations from stock (tested in ``tests/test_classification_parity.py``):
 
@@ -56,8 +58,9 @@ Deliberate deviations from stock (tested in ``tests/test_classification_parity.p
 * with ``validate_args=False``, out-of-range multiclass labels are dropped from the per-class counts (macro,
   weighted, none, ``top_k > 1``, samplewise; stock fails in ``reshape``/``one_hot`` or silently counts them in the
   wrong cell; on CUDA ``one_hot`` hits a device assert); micro averaging counts them as misses, like stock;
-* on CUDA a validation error surfaces after the offending batch has been added to the state (stock raises before
-  updating); ``reset()`` the metric after catching it.
+* on the device path a validation error surfaces after the offending update has returned (the batch is left out of
+  the state; with ``multidim_average="samplewise"`` its rows stay in the list state with zero counts, because the
+  list's length is fixed on the host), with a message that names the problem rather than the values.
 
 """
 
@@ -69,7 +72,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification.stat_scores import _refine_preds_oh
+from torchmetrics.functional.classification.stat_scores import (
+    _binary_stat_scores_update,
+    _multiclass_stat_scores_format,
+    _multilabel_stat_scores_update,
+    _refine_preds_oh,
+)
 from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import _bincount, select_topk
@@ -84,7 +92,6 @@ _MODULE = "torchmetrics.classification.stat_scores"
 _BINARY_UPDATE = f"{_MODULE}.BinaryStatScores.update"
 _MULTICLASS_UPDATE = f"{_MODULE}.MulticlassStatScores.update"
 _MULTILABEL_UPDATE = f"{_MODULE}.MultilabelStatScores.update"
-_FINAL_STATE = f"{_MODULE}._AbstractStatScores._final_state"
 _ZERO_DIVISION_WARNING = "Detected zero division in _safe_divide. Setting 0/0 to 0.0"
 
 
@@ -104,17 +111,19 @@ def _warn_zero_division() -> None:
 
 @replaces(f"{_COMPUTE}._safe_divide", params=("num", "denom", "zero_division"), everywhere=True)
 def _safe_divide(num: Tensor, denom: Tensor, zero_division: float | str = 0.0) -> Tensor:
-    """Stock's ``_safe_divide`` without the host-to-device copy of ``zero_division`` or the host read for ``"warn"``.
+    """Stock's ``_safe_divide`` without the host-to-device copy of ``zero_division``.
 
-    ``"nan"`` (and anything else that is neither a number nor ``"warn"``) divides plainly (``0/0 = nan``,
-    ``x/0 = inf``), as in stock from 1.7 on.
+    ``"warn"`` reads whether a denominator is zero at once, as stock does (no stat-score metric passes it; the
+    functional interface has no later point to report at). ``"nan"`` (and anything else that is neither a number
+    nor ``"warn"``) divides plainly (``0/0 = nan``, ``x/0 = inf``), as in stock from 1.7 on.
     """
     num = num if num.is_floating_point() else num.float()
     denom = denom if denom.is_floating_point() else denom.float()
     if not isinstance(zero_division, (float, int)):
         if zero_division != "warn":
             return torch.true_divide(num, denom)
-        _deferred.check_current((denom == 0).any(), _warn_zero_division)
+        if (denom == 0).any():
+            _warn_zero_division()
         zero_division = 0.0
     fill = torch.full((), zero_division, dtype=num.dtype, device=num.device)
     return torch.where(denom != 0, num / denom, fill)
@@ -160,6 +169,22 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
 # validation: device flags instead of torch.unique + host checks
 
 
+def _file_invalid(metric: Any, flag: Tensor, raise_at_once: Callable[[], None]) -> Tensor | None:
+    """File the validation ``flag`` of ``metric``'s update: raised at once where reads are free, else counted.
+
+    Returns:
+        The flag on the device path, for the update to leave the batch out of the state when it is set; ``None`` when
+        the batch is known to be valid.
+
+    """
+    if _deferred.reads_are_free(flag):
+        if flag:
+            raise_at_once()
+        return None
+    _deferred.record(metric, _deferred.INVALID_VALUES, flag)
+    return flag
+
+
 def _outside(values: Tensor, allowed: tuple[int, ...], ignore_index: int | None = None) -> Tensor:
     """Bool mask of the entries of ``values`` that are none of ``allowed`` (and not ``ignore_index``)."""
     mask = values != allowed[0]
@@ -181,12 +206,14 @@ def _raise_not_binary(preds: Tensor, target: Tensor, ignore_index: int | None, p
     )
 
 
-def _check_binary_values(preds: Tensor, target: Tensor, ignore_index: int | None, preds_name: str) -> None:
+def _check_binary_values(
+    metric: Any, preds: Tensor, target: Tensor, ignore_index: int | None, preds_name: str
+) -> Tensor | None:
     """File one device flag for "target (and label preds) hold only 0, 1 (or ignore_index)"."""
     flag = _outside(target, (0, 1), ignore_index).any()
     if not preds.is_floating_point():
         flag = flag | _outside(preds, (0, 1)).any()
-    _deferred.check_current(flag, functools.partial(_raise_not_binary, preds, target, ignore_index, preds_name))
+    return _file_invalid(metric, flag, functools.partial(_raise_not_binary, preds, target, ignore_index, preds_name))
 
 
 @replaces(
@@ -195,17 +222,21 @@ def _check_binary_values(preds: Tensor, target: Tensor, ignore_index: int | None
     everywhere=True,
 )
 def _binary_stat_scores_tensor_validation(
-    preds: Tensor, target: Tensor, multidim_average: str = "global", ignore_index: int | None = None
-) -> None:
-    if _deferred.current() is None:
+    preds: Tensor,
+    target: Tensor,
+    multidim_average: str = "global",
+    ignore_index: int | None = None,
+    metric: Any = None,
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    if metric is None:
         return _stock(f"{_FUNCTIONAL}._binary_stat_scores_tensor_validation")(
             preds, target, multidim_average, ignore_index
         )
     _check_same_shape(preds, target)
-    _check_binary_values(preds, target, ignore_index, "`preds`")
     if multidim_average != "global" and preds.ndim < 2:
         raise ValueError("Expected input to be at least 2D when multidim_average is set to `samplewise`")
-    return None
+    return _check_binary_values(metric, preds, target, ignore_index, "`preds`")
 
 
 @replaces(
@@ -214,9 +245,15 @@ def _binary_stat_scores_tensor_validation(
     everywhere=True,
 )
 def _multilabel_stat_scores_tensor_validation(
-    preds: Tensor, target: Tensor, num_labels: int, multidim_average: str, ignore_index: int | None = None
-) -> None:
-    if _deferred.current() is None:
+    preds: Tensor,
+    target: Tensor,
+    num_labels: int,
+    multidim_average: str,
+    ignore_index: int | None = None,
+    metric: Any = None,
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    if metric is None:
         return _stock(f"{_FUNCTIONAL}._multilabel_stat_scores_tensor_validation")(
             preds, target, num_labels, multidim_average, ignore_index
         )
@@ -226,10 +263,9 @@ def _multilabel_stat_scores_tensor_validation(
             "Expected both `target.shape[1]` and `preds.shape[1]` to be equal to the number of labels"
             f" but got {preds.shape[1]} and expected {num_labels}"
         )
-    _check_binary_values(preds, target, ignore_index, "preds")
     if multidim_average != "global" and preds.ndim < 3:
         raise ValueError("Expected input to be at least 3D when multidim_average is set to `samplewise`")
-    return None
+    return _check_binary_values(metric, preds, target, ignore_index, "preds")
 
 
 def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
@@ -238,7 +274,7 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
-def _counting_checks_target(multidim_average: str, ignore_index: int | None) -> bool:
+def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: int | None) -> bool:
     """Whether the counting of the update being validated checks ``target`` itself, at no cost.
 
     On CPU, for the confusion-matrix path (``top_k=1``, global, not micro) without ``ignore_index``, the counting
@@ -246,7 +282,6 @@ def _counting_checks_target(multidim_average: str, ignore_index: int | None) -> 
     target ``>= C`` makes it longer than ``C**2`` (see :func:`_checked_bincount`), so validation leaves ``target`` to
     it. Upstream's mesh counting (deterministic mode, XLA) would drop such entries silently: not there.
     """
-    metric = _deferred.current()
     return (
         ignore_index is None
         and multidim_average == "global"
@@ -304,16 +339,20 @@ def _multiclass_stat_scores_tensor_validation(
     num_classes: int | None,
     multidim_average: str = "global",
     ignore_index: int | None = None,
-) -> None:
-    """Stock's shape checks (host-only) plus one device flag for labels outside ``[0, num_classes)``."""
-    if _deferred.current() is None or num_classes is None:
+    metric: Any = None,
+) -> Tensor | None:
+    """Stock's shape checks (host-only), plus the value check.
+
+    With the ``metric`` whose update validates, labels outside ``[0, num_classes)`` are one device flag (returned).
+    """
+    if metric is None or num_classes is None:
         return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_tensor_validation")(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
     if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
         if preds.is_floating_point():  # its argmax is a class: only target needs checking
-            if _counting_checks_target(multidim_average, ignore_index) or _all_classes(
+            if _counting_checks_target(metric, multidim_average, ignore_index) or _all_classes(
                 target, num_classes, ignore_index
             ):
                 return None
@@ -322,8 +361,7 @@ def _multiclass_stat_scores_tensor_validation(
     flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
         flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
-    _deferred.check_current(flag, functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index))
-    return None
+    return _file_invalid(metric, flag, functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index))
 
 
 def _multiclass_shape_checks(preds: Tensor, target: Tensor, num_classes: int, multidim_average: str) -> None:
@@ -407,9 +445,13 @@ def _one_hot(labels: Tensor, num_classes: int) -> Tensor:
     return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).long()
 
 
+#: read once: a ``RequirementCache`` looks up package metadata when asked, which ``torch.compile`` cannot trace
+_XLA = bool(_XLA_AVAILABLE)
+
+
 def _mesh_counting() -> bool:
     """Where upstream's ``_bincount`` counts with a fixed-shape mesh instead of ``torch.bincount`` (besides MPS)."""
-    return torch.are_deterministic_algorithms_enabled() or _XLA_AVAILABLE
+    return torch.are_deterministic_algorithms_enabled() or _XLA
 
 
 def _count(index: Tensor, size: int) -> Tensor:
@@ -541,55 +583,100 @@ def _multiclass_stat_scores_update(
     average: str | None = "macro",
     multidim_average: str = "global",
     ignore_index: int | None = None,
+    validated: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Stock's statistics with fixed-shape ops only (see the module docstring).
 
-    Where host reads are free (CPU) and the metric being updated has just validated its labels (``validate_args``:
-    read at once on CPU, so a bad label has raised already), the labels need no masking; the one-hot path
-    (``top_k > 1``, samplewise) then runs stock's code, which is the cheapest there.
+    ``validated``: the labels were just validated by the metric's update. Where host reads are free (CPU) that means
+    they were read (a bad label has raised already), so they need no masking; the one-hot path (``top_k > 1``,
+    samplewise) then runs stock's code, which is the cheapest there.
     """
+    labels_checked = validated and _deferred.reads_are_free(preds)
     if multidim_average != "samplewise" and top_k == 1:
         if average == "micro":
             return _micro_counts(preds, target, num_classes, ignore_index)
-        return _confusion_counts(preds, target, num_classes, ignore_index, _labels_checked(preds))
-    if _labels_checked(preds):
+        return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
+    if labels_checked:
         return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
             preds, target, num_classes, top_k, average, multidim_average, ignore_index
         )
     return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
 
 
-def _labels_checked(preds: Tensor) -> bool:
-    """Whether the labels of this update were validated and read already (see ``_multiclass_stat_scores_update``)."""
-    return _deferred.reads_are_free(preds) and getattr(_deferred.current(), "validate_args", False)
-
-
 # --------------------------------------------------------------------------------------------------------------------
-# the metrics: make the metric current during update, report pending checks in compute
+# the metrics: updates that pass themselves to the validation, leave invalid batches out, report at their end
 
 
-def _update(metric: Any, stock_update: Callable[..., None], preds: Tensor, target: Tensor) -> None:
-    _deferred.poll(metric)
-    _deferred.call_reporting_to(metric, stock_update, metric, preds, target)
+def _without_invalid(invalid: Tensor | None, *counts: Tensor) -> tuple[Tensor, ...]:
+    """The counts of an update, all zero when its validation flag is set (the batch never enters the state)."""
+    if invalid is None:
+        return counts
+    return tuple(count.masked_fill(invalid, 0) for count in counts)
+
+
+@replaces(f"{_MODULE}._AbstractStatScores._update_state", params=("self", "tp", "fp", "tn", "fn"))
+def _update_state(self: Any, tp: Tensor, fp: Tensor, tn: Tensor, fn: Tensor) -> None:
+    """Stock's state update, in place for tensor states: the tensors a CUDA graph captured hold the result."""
+    if self.multidim_average == "samplewise" or isinstance(self.tp, list):
+        return _stock(f"{_MODULE}._AbstractStatScores._update_state")(self, tp, fp, tn, fn)
+    self.tp.add_(tp)
+    self.fp.add_(fp)
+    self.tn.add_(tn)
+    self.fn.add_(fn)
+    return None
+
+
+@replaces(f"{_MODULE}._AbstractStatScores._create_state", params=("self", "size", "multidim_average"))
+def _create_state(self: Any, size: int, multidim_average: str = "global") -> None:
+    """Stock's states, plus the counter of the validation check (reported when ``validate_args`` is set)."""
+    _stock(f"{_MODULE}._AbstractStatScores._create_state")(self, size, multidim_average)
+    _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if getattr(self, "validate_args", False) else ())
 
 
 @replaces(_BINARY_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    _update(self, _stock(_BINARY_UPDATE), preds, target)
+    invalid = None
+    if self.validate_args:
+        invalid = _binary_stat_scores_tensor_validation(
+            preds, target, self.multidim_average, self.ignore_index, metric=self
+        )
+    preds, target = _binary_stat_scores_format(preds, target, self.threshold, self.ignore_index)
+    tp, fp, tn, fn = _binary_stat_scores_update(preds, target, self.multidim_average)
+    self._update_state(*_without_invalid(invalid, tp, fp, tn, fn))
+    _deferred.sweep(self)
 
 
 @replaces(_MULTICLASS_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    _update(self, _stock(_MULTICLASS_UPDATE), preds, target)
+    invalid = None
+    if self.validate_args:
+        invalid = _multiclass_stat_scores_tensor_validation(
+            preds, target, self.num_classes, self.multidim_average, self.ignore_index, metric=self
+        )
+    preds, target = _multiclass_stat_scores_format(preds, target, self.top_k)
+    num_classes = self.num_classes if self.num_classes is not None else 1
+    tp, fp, tn, fn = _multiclass_stat_scores_update(
+        preds,
+        target,
+        num_classes,
+        self.top_k,
+        self.average,
+        self.multidim_average,
+        self.ignore_index,
+        validated=self.validate_args,
+    )
+    self._update_state(*_without_invalid(invalid, tp, fp, tn, fn))
+    _deferred.sweep(self)
 
 
 @replaces(_MULTILABEL_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    _update(self, _stock(_MULTILABEL_UPDATE), preds, target)
-
-
-@replaces(_FINAL_STATE, params=("self",))
-def _final_state(self: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """First line of every stat-score ``compute()``: report the checks of earlier updates (waits outside forward)."""
-    _deferred.report_pending(self)
-    return _stock(_FINAL_STATE)(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _multilabel_stat_scores_tensor_validation(
+            preds, target, self.num_labels, self.multidim_average, self.ignore_index, metric=self
+        )
+    preds, target = _multilabel_stat_scores_format(preds, target, self.num_labels, self.threshold, self.ignore_index)
+    tp, fp, tn, fn = _multilabel_stat_scores_update(preds, target, self.multidim_average)
+    self._update_state(*_without_invalid(invalid, tp, fp, tn, fn))
+    _deferred.sweep(self)

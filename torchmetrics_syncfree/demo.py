@@ -17,6 +17,11 @@ values. The table shows steps/s, time/step and the syncs per step: would-be sync
 :class:`~torchmetrics_syncfree.SyncProbe`, or real ones on CUDA (``torch.cuda.set_sync_debug_mode``), measured over a
 few extra training steps after the timed run (the probe slows the code it watches, so it never runs while timing).
 
+The variants take turns in rounds of ``chunk`` steps, in rotating order, so that a slower or faster spell of a shared
+machine hits all of them alike. Each round gives every variant one time per step; the report shows the median and the
+spread (interquartile range) of those over the rounds, and compares variants by the median of their per-round ratios,
+in which such spells cancel.
+
 On CPU the model is a small CNN on 32x32 images; on CUDA it is torchvision's ResNet-18 on 224x224 images, batch 128
 and 1000 classes as in the report, when torchvision can be imported.
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 import sys
 import time
 from collections import Counter
@@ -225,6 +231,35 @@ class Progress:
         self.stream.flush()
 
 
+@dataclass(frozen=True)
+class Spread:
+    """Median, quartiles and range of one quantity measured once per round.
+
+    Example:
+        >>> Spread.of([3.0, 1.0, 2.0, 10.0])
+        Spread(median=2.5, q1=1.75, q3=4.75, min=1.0, max=10.0, rounds=4)
+
+    """
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    rounds: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        """The spread of ``values`` (at least one)."""
+        ordered = sorted(values)
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+        return cls(statistics.median(ordered), q1, q3, ordered[0], ordered[-1], len(ordered))
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` lies within the interquartile range."""
+        return self.q1 <= value <= self.q3
+
+
 @dataclass
 class VariantResult:
     """What one variant measured: timed steps, step times, syncs per step by kind and source, final values."""
@@ -237,6 +272,8 @@ class VariantResult:
     sync_kinds: dict[str, float]  # per step
     sync_sources: list[dict[str, Any]] = field(default_factory=list)  # grouped events of the probed steps
     final_values: dict[str, float] = field(default_factory=dict)
+    #: mean time per step of each round (``chunk`` steps), in the order the rounds ran
+    round_ms: list[float] = field(default_factory=list)
 
     @property
     def steps_per_s(self) -> float:
@@ -247,6 +284,11 @@ class VariantResult:
     def ms_per_step(self) -> float:
         """Mean wall time of one timed step, in milliseconds."""
         return 1000 * self.seconds / self.steps
+
+    @property
+    def rounds(self) -> Spread:
+        """Median and spread of the per-round time per step, in milliseconds."""
+        return Spread.of(self.round_ms or [self.ms_per_step])
 
 
 def _compare(a: dict[str, float], b: dict[str, float]) -> tuple[bool, float]:
@@ -276,6 +318,20 @@ class DemoReport:
             return None
         return _compare(stock.final_values, patched.final_values)
 
+    def paired(self, variant: str, baseline: str) -> Spread | None:
+        """Per-round ratios of ``variant``'s step time to ``baseline``'s (same rounds), if both ran."""
+        a, b = self.result(variant), self.result(baseline)
+        if a is None or b is None or not a.round_ms or len(a.round_ms) != len(b.round_ms):
+            return None
+        return Spread.of([x / y for x, y in zip(a.round_ms, b.round_ms)])
+
+    def comparisons(self) -> dict[str, Spread]:
+        """``"stock/none"``, ``"patched/none"``, ``"patched/stock"``: the paired ratios of the variants that ran."""
+        pairs = {
+            f"{a}/{b}": self.paired(a, b) for a, b in (("stock", "none"), ("patched", "none"), ("patched", "stock"))
+        }
+        return {name: spread for name, spread in pairs.items() if spread is not None}
+
     def replay_agreement(self) -> tuple[bool, float] | None:
         """The same comparison on identical inputs, immune to nondeterministic training kernels (GPU)."""
         return None if self.replay is None else _compare(self.replay["stock"], self.replay["patched"])
@@ -295,6 +351,9 @@ class DemoReport:
     def to_json(self) -> str:
         """The report as indented JSON, with the training and replay agreements added."""
         payload = asdict(self)
+        for result, data in zip(self.results, payload["results"]):
+            data["summary"] = asdict(result.rounds)
+        payload["paired"] = {name: asdict(spread) for name, spread in self.comparisons().items()}
         agreement = self.agreement()
         payload["agreement"] = None if agreement is None else {"agree": agreement[0], "max_abs_diff": agreement[1]}
         replay = self.replay_agreement()
@@ -342,6 +401,7 @@ class _Variant:
         self.done = 0
         self.seconds = 0.0
         self.step_ms: list[float] = []
+        self.round_ms: list[float] = []
         self.values: dict[str, float] = {}
 
     def step(self, index: int) -> None:
@@ -358,6 +418,8 @@ class _Variant:
         """``count`` more timed steps (fewer at the end), computing/printing/resetting every ``log_every``."""
         config = self.config
         count = min(count, config.steps - self.done)
+        if count <= 0:
+            return
         with _variant_context(self.variant):
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -374,7 +436,9 @@ class _Variant:
                 self.step_ms.append(1000 * (time.perf_counter() - tick))
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            self.seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.seconds += elapsed
+            self.round_ms.append(1000 * elapsed / count)
 
     def replay_window(self, steps: int) -> tuple[list[tuple[torch.Tensor, ...]], dict[str, float]]:
         """The model's (loss, logits, labels) on ``steps`` batches, and this variant's metric values over them."""
@@ -404,6 +468,7 @@ class _Variant:
             sync_kinds={kind: n / steps for kind, n in probe.counts().items()},
             sync_sources=_sources(probe.events, steps),
             final_values=self.values,
+            round_ms=self.round_ms,
         )
 
 
@@ -472,29 +537,66 @@ def _kinds(result: VariantResult) -> str:
     return ", ".join(f"{n:g} {kind}" for kind, n in sorted(result.sync_kinds.items()))
 
 
+def _percent(ratio: float) -> str:
+    return f"{100 * (ratio - 1):+.0f}%"
+
+
+def _versus(spread: Spread | None) -> str:
+    return "-" if spread is None else f"{_percent(spread.median)} ({_percent(spread.q1)}..{_percent(spread.q3)})"
+
+
+def _patched_vs_stock(report: DemoReport) -> list[str]:
+    """The stock-patched comparison in words, with what the spread allows one to conclude."""
+    ratio = report.paired("patched", "stock")
+    if ratio is None:
+        return []
+    if ratio.holds(1.0):
+        verdict = "no difference this run can resolve (equal time lies within the spread)"
+    else:
+        verdict = f"patched is {'faster' if ratio.median < 1 else 'slower'} than stock beyond the spread"
+    return [
+        f"patched vs stock in the same rounds: {_percent(ratio.median)} in the median round (IQR"
+        f" {_percent(ratio.q1)} to {_percent(ratio.q3)}, {ratio.rounds} rounds):",
+        f"{verdict}.",
+    ]
+
+
+_CPU_MEANING = (
+    "What the CPU numbers mean: on CPU a sync costs nothing. Reading a CPU tensor on the host waits for no queue of",
+    "device work, so these times measure host overhead only (the Python and dispatch work of each variant's code) and",
+    "cannot show what the patch is for. On a GPU each of stock's syncs/step stalls the host until the GPU has finished",
+    "all queued work; removing that stall is the point of the patch, and only --device cuda measures it. syncs/step",
+    "here counts the would-be syncs the CPU probe sees.",
+)
+
+
 def format_report(report: DemoReport) -> str:
     """The report as text: speed and syncs per variant, stock-vs-patched agreement, where the syncs come from."""
-    none = report.result("none")
+    chunk, rounds = report.config["chunk"], report.results[0].rounds.rounds
     lines = [
         f"torch {report.versions['torch']} | torchmetrics {report.versions['torchmetrics']} |"
         f" torchmetrics_syncfree {report.versions['torchmetrics_syncfree']} | {report.config['model']} on"
         f" {report.config['device']}, batch {report.config['batch_size']}, {report.config['steps']} steps",
         "",
-        f"{'variant':<8} {'steps/s':>8} {'ms/step':>8} {'vs none':>8} {'syncs/step':>11}"
-        f"  kinds ({report.sync_counting})",
+        f"{'variant':<8} {'steps/s':>8} {'ms/step':>8} {'median round':>13} {'IQR of rounds':>14}"
+        f" {'vs none (IQR)':>18} {'syncs/step':>11}  kinds ({report.sync_counting})",
     ]
     for r in report.results:
-        overhead = f"{100 * (r.ms_per_step / none.ms_per_step - 1):+.0f}%" if none and r is not none else "-"
+        spread = r.rounds
+        versus = _versus(report.paired(r.variant, "none") if r.variant != "none" else None)
         lines.append(
-            f"{r.variant:<8} {r.steps_per_s:>8.1f} {r.ms_per_step:>8.2f} {overhead:>8} {r.syncs_per_step:>11g}"
-            f"  {_kinds(r)}"
+            f"{r.variant:<8} {r.steps_per_s:>8.1f} {r.ms_per_step:>8.2f} {spread.median:>13.2f}"
+            f" {f'{spread.q1:.2f}-{spread.q3:.2f}':>14} {versus:>18} {r.syncs_per_step:>11g}  {_kinds(r)}"
         )
+    lines += [
+        "",
+        f"The variants took turns in {rounds} rounds of {chunk} steps, in rotating order. ms/step: mean over all timed",
+        "steps (compute() included); median round, IQR: over the rounds' time per step; 'vs none' and the line below:",
+        "median (IQR) of per-round ratios, in which a slow or fast spell of the machine cancels out.",
+        *_patched_vs_stock(report),
+    ]
     if torch.device(report.config["device"]).type == "cpu":
-        lines += [
-            "",
-            "On CPU nothing actually waits: the time columns show host overhead only; syncs/step counts what would",
-            "stall the host on a GPU (each one a device synchronization). --device cuda counts real ones.",
-        ]
+        lines += ["", *_CPU_MEANING]
     agreement = report.agreement()
     if agreement is not None:
         agree, diff = agreement

@@ -23,6 +23,13 @@ Options:
     Call :func:`torchmetrics_syncfree.patch_all` before collection, e.g. to run TorchMetrics' own test suite
     against the patched library.
 
+``--syncfree-device-path``
+    Take the device path on CPU tensors for the whole run (``_deferred.force_device_path``, the environment variable
+    ``TORCHMETRICS_SYNCFREE_DEVICE_PATH=1`` for spawned processes): checks are counted in the metrics' check counters
+    and reported at the end of each update, by ``compute()`` or by ``reset()``, as on a GPU whose copies arrive at
+    once; fixed-shape counting instead of the CPU shortcuts. Without the probe's overhead. With
+    ``--syncfree-patch``, e.g. to run TorchMetrics' own suites as they would run on a GPU.
+
 ``--syncfree-require-cuda``
     Refuse to run (usage error, exit code 4) when CUDA is not available, instead of letting CUDA tests skip: for GPU
     runners (``tox -e gpu``), where a silently skipped GPU suite would look green.
@@ -50,6 +57,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="apply torchmetrics_syncfree.patch_all() for the whole test session",
     )
     group.addoption(
+        "--syncfree-device-path",
+        action="store_true",
+        default=False,
+        help="take the patched code's device path (as on CUDA) for CPU tensors too, for the whole session",
+    )
+    group.addoption(
         "--syncfree-require-cuda",
         action="store_true",
         default=False,
@@ -68,6 +81,13 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"--syncfree-require-cuda: no CUDA device is available (torch {torch.__version__},"
                 f" built with CUDA {torch.version.cuda}); refusing to report the GPU suite as skipped"
             )
+    if config.getoption("--syncfree-device-path"):
+        import os
+
+        from torchmetrics_syncfree import _deferred
+
+        _deferred.force_device_path(True)
+        os.environ[_deferred.DEVICE_PATH_ENV_VAR] = "1"  # spawned processes (DDP tests) take it too
     if config.getoption("--syncfree-patch"):
         import torchmetrics_syncfree
 
@@ -80,7 +100,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     patched = getattr(config, "_syncfree_patched", None)
     if patched is None:
         return "torchmetrics_syncfree: not patched"
-    return f"torchmetrics_syncfree: patch_all() active ({len(patched)} targets)"
+    path = "device path forced" if config.getoption("--syncfree-device-path") else "CPU path where reads are free"
+    return f"torchmetrics_syncfree: patch_all() active ({len(patched)} targets, {path})"
 
 
 @pytest.fixture

@@ -1,0 +1,316 @@
+"""Deferred checks through a metric's whole life: forward, reset, copies, merging, compute groups, wrappers, DDP sync.
+
+Each test runs on the CPU path (reads are free: a problem is reported at once inside ``update``, as stock) and on the
+device path (forced on CPU tensors, as a GPU run takes it: the problem is counted in the metric's check counters and
+reported at an eager point). ``delay=None`` is a GPU whose copies never arrive before ``compute()`` waits for them:
+the hardest case for a pending report, and the one each test is about.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torchmetrics import MetricCollection
+from torchmetrics.aggregation import BaseAggregator, CatMetric, MaxMetric, MeanMetric, SumMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.wrappers import Running
+
+import torchmetrics_syncfree
+from tests import _series_tree
+from torchmetrics_syncfree import _deferred
+
+NAN = float("nan")
+NAN_ERROR = "Encountered `nan` values in tensor"
+t = torch.tensor
+
+
+@pytest.fixture(params=["cpu-path", "device-path"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Patched TorchMetrics on the CPU path, or on the device path with copies that never arrive early."""
+    with torchmetrics_syncfree.patched():
+        if request.param == "cpu-path":
+            yield "cpu"
+            return
+        _deferred.force_device_path(True)
+        try:
+            with _deferred.simulated_copy_delay(None):
+                yield "device"
+        finally:
+            _deferred.force_device_path(False)
+
+
+def _update_with_nan(metric: Any, path: str, *args: Any) -> None:
+    """Feed a NaN batch: the CPU path raises at once, as stock; the device path counts it."""
+    if path == "cpu":
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric.update(t([NAN, 1.0]), *args)
+    else:
+        metric.update(t([NAN, 1.0]), *args)
+        assert int(getattr(metric, _deferred.STATE).sum()) == 1
+
+
+def _raises_once(path: str, call: Any, match: str = NAN_ERROR) -> None:
+    """On the device path ``call()`` raises the pending error; on the CPU path it was raised at once already."""
+    if path == "device":
+        with pytest.raises(RuntimeError, match=match):
+            call()
+    call()  # reported once: the second time there is nothing left
+
+
+# ----------------------------------------------------------------------------------------------------- forward --
+@pytest.mark.parametrize(
+    ("metric_cls", "kwargs"),
+    [
+        (MaxMetric, {}),  # full_state_update=True
+        (MeanMetric, {"dist_sync_on_step": True}),  # the full-state path, chosen by dist_sync_on_step
+        (MeanMetric, {}),  # the reduce-state path: stock loses the accumulated state here too
+        (SumMetric, {}),
+    ],
+    ids=["max", "mean-dist-sync-on-step", "mean", "sum"],
+)
+def test_an_error_in_forward_keeps_the_accumulated_state(path: str, metric_cls: type, kwargs: dict) -> None:
+    metric = metric_cls(nan_strategy="error", **kwargs)
+    torch.testing.assert_close(metric(t(5.0)), t(5.0))
+    if path == "cpu":
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric(t(NAN))
+    else:
+        metric(t(NAN))  # nothing is read inside forward; the copy has not arrived at its end
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric.compute()
+    assert metric.compute() == 5.0, "the state before the bad batch is intact and the bad batch is not in it"
+    assert metric._should_unsync and not metric._is_synced, "forward's settings are restored"
+    torch.testing.assert_close(metric(t(3.0)), t(3.0))
+    expected = {MaxMetric: 5.0, MeanMetric: 4.0, SumMetric: 8.0}[metric_cls]
+    assert metric.compute() == expected
+
+
+def test_stock_loses_the_state_when_forward_raises() -> None:
+    """The stock bug the forward replacement fixes (reduce-state path): documented, so pinned here."""
+    metric = MeanMetric(nan_strategy="error")
+    metric(t(5.0))
+    with pytest.raises(RuntimeError, match=NAN_ERROR):
+        metric(t(NAN))
+    assert metric.compute().isnan()
+
+
+def test_forward_reads_nothing_and_reports_at_its_end() -> None:
+    """Device path, a copy that arrives at once: forward's own reset/compute read nothing, its end reports."""
+    from torchmetrics_syncfree import SyncProbe
+
+    with torchmetrics_syncfree.patched():
+        metric = MeanMetric(nan_strategy="warn")
+        batch = t([NAN, 2.0])
+        with SyncProbe() as probe, pytest.warns(UserWarning, match="Will be removed") as caught:
+            value = metric(batch)
+        assert probe.count == 0, probe.summary()
+        assert len(caught) == 1
+        torch.testing.assert_close(value, t(2.0))
+
+
+# ------------------------------------------------------------------------------------------------------- reset --
+def test_reset_reports_what_is_pending_and_the_next_epoch_starts_clean(path: str) -> None:
+    metric = SumMetric(nan_strategy="error")
+    metric.update(t([2.0]))
+    _update_with_nan(metric, path)
+    if path == "device":
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric.reset()  # reported by the reset, after which the metric is reset
+    else:
+        metric.reset()
+    metric.update(t([3.0]))  # the first batch of the next epoch is neither blamed nor dropped
+    assert metric.compute() == 3.0
+
+
+def test_reset_reports_pending_warnings_once(path: str) -> None:
+    metric = MeanMetric(nan_strategy="warn")
+    with pytest.warns(UserWarning, match="Will be removed") as caught:
+        metric.update(t([NAN, 1.0]))
+        metric.update(t([NAN, 3.0]))
+        metric.reset()
+    assert len(caught) == 2, "one warning per offending update"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metric.update(t([1.0]))
+        metric.reset()
+
+
+# ------------------------------------------------------------------------------------------------------ copies --
+@pytest.mark.parametrize(
+    "duplicate",
+    [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m)), lambda m: m.clone()],
+    ids=["deepcopy", "pickle", "clone"],
+)
+def test_copies_carry_the_pending_error(path: str, duplicate: Any) -> None:
+    metric = SumMetric(nan_strategy="error")
+    metric.update(t([2.0]))
+    _update_with_nan(metric, path)
+    twin = duplicate(metric)
+    _raises_once(path, twin.compute)
+    _raises_once(path, metric.compute)
+    assert twin.compute() == metric.compute() == 2.0
+
+
+def test_merge_state_carries_the_pending_error(path: str) -> None:
+    source, target = SumMetric(nan_strategy="error"), SumMetric(nan_strategy="error")
+    source.update(t([2.0]))
+    _update_with_nan(source, path)
+    target.update(t([1.0]))
+    target.merge_state(source)
+    _raises_once(path, target.compute)
+    assert target.compute() == 3.0
+
+
+def test_merge_state_from_a_dict_without_counters(path: str) -> None:
+    """The documented form, ``merge_state({"sum_value": ...})``, needs no check counters."""
+    metric = SumMetric()
+    metric.update(1)
+    metric.merge_state({"sum_value": t(2.0)})
+    assert metric.compute() == 3.0
+
+
+def test_counters_stay_out_of_state_dict_and_load_into_stock(path: str) -> None:
+    metric = MulticlassAccuracy(num_classes=3)
+    metric.persistent(True)
+    metric.update(t([0, 1, 2]), t([0, 1, 1]))
+    saved = metric.state_dict()
+    assert _deferred.STATE not in saved
+    assert _deferred.STATE not in metric.metric_state  # the user's view of the states is stock's
+    assert _deferred.STATE in metric._defaults  # a state like the others: carried by copies, merging, sync
+    torchmetrics_syncfree.unpatch_all()
+    stock = MulticlassAccuracy(num_classes=3)
+    stock.persistent(True)
+    stock.load_state_dict(saved)  # strict: no unexpected key
+    torch.testing.assert_close(stock.compute(), metric.compute())
+
+
+# ---------------------------------------------------------------------------------------------- compute groups --
+def _group() -> MetricCollection:
+    collection = MetricCollection(
+        {"acc": MulticlassAccuracy(num_classes=3), "f1": MulticlassF1Score(num_classes=3)}, compute_groups=True
+    )
+    collection.update(t([0, 1, 2]), t([0, 1, 1]))
+    assert collection.compute_groups == {0: ["acc", "f1"]}
+    return collection
+
+
+def _update_group_with_invalid_labels(collection: MetricCollection, path: str) -> None:
+    bad = (t([0, 1, 2]), t([0, 1, 7]))
+    if path == "cpu":
+        with pytest.raises(RuntimeError, match="target"):
+            collection.update(*bad)
+    else:
+        collection.update(*bad)  # only the first member's update runs; the others share its states
+
+
+def test_every_compute_group_member_reports_the_groups_error_once(path: str) -> None:
+    collection = _group()
+    _update_group_with_invalid_labels(collection, path)
+    f1 = dict(collection.items(keep_base=True, copy_state=False))["f1"]  # shares the group's states
+    _raises_once(path, f1.compute, match="not valid for this metric")
+    values = collection.compute()  # reported once: nothing left for the group
+    reference = MulticlassF1Score(num_classes=3)
+    reference.update(t([0, 1, 2]), t([0, 1, 1]))
+    torch.testing.assert_close(values["f1"], reference.compute())
+
+
+def test_a_member_taken_out_of_a_compute_group_carries_the_pending_error(path: str) -> None:
+    """``collection["f1"]`` copies the group's states into the member, pending checks included (like any copy)."""
+    collection = _group()
+    _update_group_with_invalid_labels(collection, path)
+    _raises_once(path, collection["f1"].compute, match="not valid for this metric")
+
+
+# ---------------------------------------------------------------------------------------------------- wrappers --
+def test_running_wrapper_reports_each_offending_update_once(path: str) -> None:
+    metric = Running(SumMetric(nan_strategy="warn"), window=2)
+    with pytest.warns(UserWarning, match="Will be removed") as caught:
+        metric.update(t([NAN, 1.0]))
+        metric.update(t([2.0]))
+        value = metric.compute()
+        metric.compute()
+    assert len(caught) == 1
+    assert value == 3.0
+
+
+# ----------------------------------------------------------------------------------- classes made before patch --
+class _Doubled(MeanMetric):
+    """A user's subclass defined before patch_all(): its own update calls the patched one through super()."""
+
+    def update(self, value: Any) -> None:
+        super().update(value * 2)
+
+
+@pytest.mark.parametrize("made", ["before", "after"])
+def test_subclass_made_before_patching_reports_at_compute(made: str) -> None:
+    if made == "before" and os.environ.get(_series_tree.TREE_ENV):
+        pytest.skip("metrics made before patch_all() are the layer's: the series has no patch_all()")
+    metric = _Doubled(nan_strategy="error") if made == "before" else None
+    with torchmetrics_syncfree.patched(), _deferred.simulated_copy_delay(None):
+        metric = metric or _Doubled(nan_strategy="error")
+        _deferred.force_device_path(True)
+        try:
+            metric.update(t([1.0]))
+            metric.update(t([NAN]))
+            with pytest.raises(RuntimeError, match=NAN_ERROR):
+                metric.compute()
+        finally:
+            _deferred.force_device_path(False)
+        assert metric.compute() == 2.0
+
+
+class _WeightedSum(BaseAggregator):
+    """A custom aggregator on the stock helper ``_cast_and_nan_check_input``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("sum", torch.tensor(0.0), **kwargs)
+
+    def update(self, value: Any, weight: Any = 1.0) -> None:
+        value, weight = self._cast_and_nan_check_input(value, weight)
+        self.value = self.value + (value * weight).sum()
+
+    def compute(self) -> torch.Tensor:
+        return self.value
+
+
+def test_custom_aggregator_on_the_stock_helper_never_keeps_nan(path: str) -> None:
+    metric = _WeightedSum(nan_strategy="error")
+    metric.update(t([1.0, 2.0]))
+    with pytest.raises(RuntimeError, match=NAN_ERROR):  # the helper keeps stock's check: raised at once
+        metric.update(t([NAN, 1.0]))
+    assert metric.compute() == 3.0
+
+
+# ------------------------------------------------------------------------------------------- DDP (one process) --
+def _one_rank_world(metric: Any) -> Any:
+    """``metric`` synced as if under DDP: every gather returns this rank's tensor alone."""
+    metric.distributed_available_fn = lambda: True
+    metric.dist_sync_fn = lambda tensor, group=None: [tensor]
+    return metric
+
+
+def test_an_error_in_synced_compute_leaves_the_metric_unsynced_and_usable(path: str) -> None:
+    metric = _one_rank_world(MeanMetric(nan_strategy="error"))
+    metric.update(t([2.0]))
+    _update_with_nan(metric, path)
+    if path == "device":
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric.compute()
+    assert not metric._is_synced and metric._cache is None, "unsynced after the error"
+    assert metric.compute() == 2.0  # no TorchMetricsUserError("already synced"); the error is not repeated
+    metric.update(t([4.0]))
+    assert metric.compute() == 3.0, "the next update adds to the rank's own state, not to the gathered one"
+
+
+def test_cat_metric_compute_on_clean_state_reads_the_data_once_at_most(path: str) -> None:
+    """``CatMetric`` keeps NaN entries in its state on the device path; a clean state is returned as it is."""
+    metric = CatMetric(nan_strategy="ignore")
+    metric.update(t([1.0, 2.0]))
+    torch.testing.assert_close(metric.compute(), t([1.0, 2.0]))

@@ -1,0 +1,207 @@
+"""The life of a metric's deferred checks in ``torchmetrics.Metric``: forward, reset, compute's sync, merging.
+
+The checks of the patched metrics are counters in a metric state (:mod:`torchmetrics_syncfree._deferred`), so most of
+what ``Metric`` does to states carries them unchanged. What ``Metric`` itself needs to do differently:
+
+============================================  ================================================================
+``Metric``                                     with deferred checks
+============================================  ================================================================
+``sync_context`` (every ``compute()``)         reports the pending checks once the states are synced (all ranks
+                                               see the same sum, so all raise or none); an error leaves the
+                                               metric unsynced and usable
+``reset()``                                    reports what is pending before dropping the states, instead of
+                                               dropping it (or blaming the first batch of the next epoch)
+``_forward_full_state_update``,                read nothing inside ``forward`` (its internal ``reset`` and
+``_forward_reduce_state_update``               ``compute`` are not the user's), report what has arrived at the
+                                               end; an error raised inside leaves the accumulated state as it
+                                               was before the call (stock loses it on the reduce-state path)
+``merge_state``                                a dict of states without the counters (written by hand, or from a
+                                               metric made before the patch) merges as "nothing pending"; a
+                                               metric merges with its counters
+``metric_state``                               the user's view of the states leaves the counters out (code that
+                                               walks the states sees stock's)
+``persistent``                                 the counters stay out of ``state_dict()`` whatever the mode, so
+                                               checkpoints load into stock TorchMetrics
+============================================  ================================================================
+
+Compiled steps: ``Metric.update``'s wrapper counts updates in ``self._update_count``, an int attribute of an
+``nn.Module``, which ``torch.compile`` treats as a constant: every update recompiles the step until the recompile
+limit (TorchMetrics #1780). While patched, ``torch._dynamo.config.allow_unspec_int_on_nn_module`` is set, so that such
+ints become dynamic after one recompile (a step compiles twice, then never again); :func:`unpatch_all` puts the
+previous value back.
+
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import declares_setting, get_original, replaces
+
+_METRIC = "torchmetrics.metric.Metric"
+
+declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, area="metric")
+
+
+def _original(name: str) -> Callable[..., Any]:
+    return get_original(f"{_METRIC}.{name}")
+
+
+@replaces(
+    f"{_METRIC}.sync_context",
+    params=("self", "dist_sync_fn", "process_group", "should_sync", "should_unsync", "distributed_available"),
+)
+@contextmanager
+def sync_context(
+    self: Any,
+    dist_sync_fn: Callable | None = None,
+    process_group: Any | None = None,
+    should_sync: bool = True,
+    should_unsync: bool = True,
+    distributed_available: Callable | None = None,
+) -> Generator:
+    """Stock's ``sync_context``; in between sync and compute, the pending checks are reported."""
+    self.sync(
+        dist_sync_fn=dist_sync_fn,
+        process_group=process_group,
+        should_sync=should_sync,
+        distributed_available=distributed_available,
+    )
+    try:
+        _deferred.report_pending(self)
+    except BaseException:
+        self.unsync(should_unsync=self._is_synced and should_unsync)
+        raise
+
+    yield
+
+    self.unsync(should_unsync=self._is_synced and should_unsync)
+
+
+@replaces(f"{_METRIC}.reset", params=("self",))
+def reset(self: Any) -> None:
+    """Stock's ``reset``, after taking what the checks have pending; reported once the states are reset."""
+    pending = _deferred.take_pending(self)
+    _original("reset")(self)
+    counters = _deferred.counters_of(self)
+    if counters is not None:
+        _deferred.mark_zero(counters)
+    _deferred.report_counts(self, pending)
+
+
+def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
+    """The end of stock's forward: back to the settings of a plain ``update``/``compute``."""
+    self._is_synced = False
+    self._should_unsync = True
+    self._to_sync = self.sync_on_compute
+    self._computed = None
+    self._enable_grad = False
+    self.compute_on_cpu = compute_on_cpu
+    if self.compute_on_cpu:
+        self._move_list_states_to_cpu()
+
+
+@replaces(f"{_METRIC}._forward_full_state_update", params=("self", "args", "kwargs"))
+def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stock's two-update forward, marked as inside ``forward`` from its start and restored if anything raises."""
+    compute_on_cpu = self.compute_on_cpu
+    update_count = self._update_count
+    # forward from here on (stock clears it just before the batch update): the checks read nothing until the end
+    self._should_unsync = False
+    try:
+        self.update(*args, **kwargs)  # global accumulation
+    except BaseException:
+        self._update_count = update_count  # a call that raises changes nothing
+        self._should_unsync = True
+        raise
+    update_count = self._update_count
+    self._to_sync = self.dist_sync_on_step
+    self.compute_on_cpu = False
+    cache = self._copy_state_dict()
+    try:
+        # reset, update, compute on the batch alone
+        self._enable_grad = True
+        self.reset()
+        self.update(*args, **kwargs)
+        batch_value = self.compute()
+    finally:
+        for attr, value in cache.items():
+            setattr(self, attr, value)
+        self._update_count = update_count
+        _restore_after_forward(self, compute_on_cpu)
+    _deferred.sweep(self)
+    return batch_value
+
+
+@replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
+def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
+    global_state = self._copy_state_dict()
+    update_count = self._update_count
+    compute_on_cpu = self.compute_on_cpu
+    self._should_unsync = False  # before reset(), so that it knows it is forward's (stock sets it just after)
+    self.reset()
+    self._to_sync = self.dist_sync_on_step
+    self.compute_on_cpu = False
+    self._enable_grad = True
+    try:
+        self.update(*args, **kwargs)
+        batch_value = self.compute()
+    except BaseException:
+        for attr, value in global_state.items():
+            setattr(self, attr, value)
+        self._update_count = update_count
+        _restore_after_forward(self, compute_on_cpu)
+        raise
+    self._update_count = update_count + 1
+    counters = _deferred.counters_of(self)
+    if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch got them now
+        global_state[_deferred.STATE] = torch.zeros_like(counters)
+    with torch.no_grad():
+        self._reduce_states(global_state)
+    _restore_after_forward(self, compute_on_cpu)
+    _deferred.sweep(self)
+    return batch_value
+
+
+@replaces(f"{_METRIC}.merge_state", params=("self", "incoming_state"))
+def merge_state(self: Any, incoming_state: Any) -> None:
+    """Stock's ``merge_state``; pending checks of the incoming metric are merged, a dict without them adds none."""
+    from torchmetrics import Metric
+
+    counters = _deferred.counters_of(self)
+    if counters is not None:
+        if isinstance(incoming_state, Metric) and isinstance(incoming_state, type(self)):
+            incoming_counters = _deferred.counters_of(incoming_state)
+            incoming_state = incoming_state.metric_state
+            if incoming_counters is not None:
+                incoming_state[_deferred.STATE] = incoming_counters
+        if isinstance(incoming_state, dict) and _deferred.STATE not in incoming_state:
+            incoming_state = {**incoming_state, _deferred.STATE: torch.zeros_like(counters)}
+    _original("merge_state")(self, incoming_state)
+
+
+def _metric_state(self: Any) -> dict[str, Any]:
+    """Get the current state of the metric."""
+    # stock's, without the check counters: code that walks the states (or compares them) sees stock's states
+    return {attr: getattr(self, attr) for attr in self._defaults if attr != _deferred.STATE}
+
+
+class _Property(property):
+    """A property declared here (``replaces`` files it under this module's area)."""
+
+
+metric_state = replaces(f"{_METRIC}.metric_state", params=None)(_Property(_metric_state))
+
+
+@replaces(f"{_METRIC}.persistent", params=("self", "mode"))
+def persistent(self: Any, mode: bool = False) -> None:
+    """Stock's ``persistent``, except that the check counters never enter ``state_dict()``."""
+    _original("persistent")(self, mode)
+    if _deferred.STATE in self._persistent:
+        self._persistent[_deferred.STATE] = False
