@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -42,6 +43,10 @@ STREAMS = {
     "all-nan-batch": [(t([2.0, 3.0]),), (t([NAN, NAN]),)],
     "inf-values": [(t([1.0, INF, -2.0]),), (t([-INF, 0.5]),)],
     "nan-in-N-D": [(t([[1.0, NAN], [3.0, 4.0]]),), (t([[5.0, 6.0], [7.0, 8.0]]),)],
+    # stock flattens only the batches it takes NaN out of: a 0-dim batch and a 2-D one with NaN concatenate
+    "0-dim-then-nan-in-N-D": [(t(1.0),), (t([[2.0, NAN], [3.0, 4.0]]),)],
+    "python-ints-beyond-int64": [(2**70,), (-(2**63) - 1,), (2**64,)],
+    "float16-nan": [(t([NAN, 1.5, 2.0], dtype=torch.float16),), (t([0.5], dtype=torch.float16),)],
 }
 WEIGHTED_STREAMS = {
     "weight-vector": [(t([1.0, 2.0, 3.0]), t([3.0, 1.0, 0.5])), (t([4.0]), t([2.0]))],
@@ -53,6 +58,9 @@ WEIGHTED_STREAMS = {
     "nan-value-0-dim-weight": [(t([1.0, NAN, 3.0]), t(2.0))],
     "zero-weights": [(t([1.0, 2.0]), t([0.0, 0.0])), (t([3.0]), t([1.0]))],
     "python-scalar-both": [(0.5, 2.0), (1.5, 1.0)],
+    "python-weights-beyond-int64": [(t([1.0, 2.0]), 2**64), (t([3.0]), -(2**63) - 1)],
+    # a float strategy imputes in the input's dtype, before the cast: 2.5 becomes 2 in an integer value tensor
+    "int-value-nan-weight": [(t([3]), t([NAN])), (t([1, 2]), t([1.0, 0.5]))],
 }
 
 
@@ -356,3 +364,31 @@ def test_random_update_streams_match_stock(case):
     for args, kept in zip(stream, originals):
         for a, b in zip(args, kept):
             torch.testing.assert_close(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+@pytest.mark.parametrize("fill", [0.1, 1e5], ids=["rounded-in-float16", "overflows-float16"])
+@pytest.mark.parametrize("device_path", [False, True], ids=["cpu-path", "device-path"])
+def test_float_strategy_imputes_in_the_input_dtype_as_stock(metric_cls, fill, device_path):
+    """Stock writes the fill into the input before casting it: 0.1 is 0.0999756 in float16, 1e5 is inf there."""
+    stream = [(t([NAN, 1.0], dtype=torch.float16),)]
+    stock = run_stream(metric_cls, fill, stream, patched=False)
+    patched = run_stream(metric_cls, fill, stream, patched=True, device_path=device_path)
+    assert_same_outcome(stock, patched, exact=True)
+
+
+@pytest.mark.parametrize("strategy", ["ignore", "warn"])
+@pytest.mark.parametrize("device_path", [False, True], ids=["cpu-path", "device-path"])
+def test_gradient_of_a_value_whose_weight_is_nan_is_stocks(strategy, device_path):
+    """Stock drops the entry, so its value gets gradient 0; a masked product ``value * nan`` would give NaN. (A float
+    strategy: stock writes the fill into the leaf tensor and fails; patched never writes its inputs.)"""
+    grads = []
+    for patched in (False, True):
+        value = t([1.0, 2.0, 3.0], requires_grad=True)
+        context = torchmetrics_syncfree.patched() if patched else contextlib.nullcontext()
+        with context, SyncProbe() if patched and device_path else contextlib.nullcontext(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            metric = MeanMetric(nan_strategy=strategy)
+            metric(value, t([1.0, NAN, 2.0])).backward()
+        grads.append(value.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)

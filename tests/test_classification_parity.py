@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torchmetrics
 from torch import Tensor
 
 import torchmetrics_syncfree
@@ -324,3 +325,92 @@ def test_safe_divide_matches_stock(zero_division: Any) -> None:
     with torchmetrics_syncfree.patched():
         patched = compute._safe_divide(num, denom, zero_division)
     _assert_identical([stock], [patched])
+
+
+def _outcome(make: Callable[[], Any], preds: Tensor, target: Tensor, patched: bool, path: str = "cpu") -> Any:
+    """compute() after one update, or the type of the error raised by the update or compute()."""
+    patching = torchmetrics_syncfree.patched() if patched else contextlib.nullcontext()
+    with patching, SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = make()
+        try:
+            metric.update(preds, target)
+            return metric.compute()
+        except (RuntimeError, ValueError) as err:
+            return type(err)
+
+
+def _same_outcome(got: Any, want: Any) -> bool:
+    if isinstance(want, type) or isinstance(got, type):
+        return got is want
+    return torch.equal(got, want) or bool(torch.isnan(got).all() and torch.isnan(want).all())
+
+
+_LABEL_PREDS_AT_IGNORE_INDEX = {
+    "target-keeps-the-class": ([-1, 1, 2], [1, 1, 2]),
+    "target-differs": ([-1, 1, 2], [0, 1, 2]),
+    "both-ignored": ([-1, 1, 2], [-1, 1, 2]),
+    "all-preds-ignored": ([-1, -1, -1], [0, 1, 2]),
+}
+
+
+@pytest.mark.parametrize("validate_args", [True, False], ids=["validated", "not-validated"])
+@pytest.mark.parametrize("average", ["micro", "macro", "none"])
+@pytest.mark.parametrize("case", list(_LABEL_PREDS_AT_IGNORE_INDEX))
+def test_label_preds_equal_to_ignore_index_are_misses_on_both_paths(
+    case: str, average: str, validate_args: bool
+) -> None:
+    """Stock ignores entries by their target only, so a label pred equal to an ignore_index outside the classes
+    predicts no class: a miss of the target's class. Stock's micro counts it so; its confusion matrix (macro, none)
+    wraps ``target * C + preds`` into another class's cell or fails on a negative index: a deviation
+    (docs/classification.md). Both patched paths give the same outcome, and the micro one is stock's."""
+    preds, target = (torch.tensor(labels) for labels in _LABEL_PREDS_AT_IGNORE_INDEX[case])
+
+    def make(ignore_index: int | None = -1) -> Any:
+        return make_metric("StatScores", "multiclass", average, ignore_index=ignore_index, validate_args=validate_args)
+
+    cpu_path = _outcome(make, preds, target, patched=True, path="cpu")
+    device_path = _outcome(make, preds, target, patched=True, path="device")
+    assert _same_outcome(cpu_path, device_path), (cpu_path, device_path)
+    if average == "micro":
+        assert _same_outcome(cpu_path, _outcome(make, preds, target, patched=False))
+    if average == "none":
+        # the miss spelled out: with one class more for "no class", stock's counts of the real classes are ours
+        kept = target != -1
+        reference = torchmetrics.classification.MulticlassStatScores(NUM_CLASSES + 1, average="none")
+        reference.update(preds[kept].masked_fill(preds[kept] == -1, NUM_CLASSES), target[kept])
+        _assert_identical([cpu_path], [reference.compute()[:NUM_CLASSES]])
+
+
+@pytest.mark.parametrize("validate_args", [True, False], ids=["validated", "not-validated"])
+@pytest.mark.parametrize("average", ["micro", "macro"])
+def test_float_target_holding_nan_is_no_class_on_both_paths(average: str, validate_args: bool) -> None:
+    """NaN is no class label: validation rejects it on both paths, as any label outside ``[0, num_classes)``
+    (deviation: stock counts it as a miss in micro averaging, wraps it into some cell in its confusion matrix; the
+    CPU path used to fail on ``int(nan)`` with a ValueError). Unvalidated, the paths agree, and micro is stock's."""
+    preds, target = torch.tensor([0, 1, 2, 3]), torch.tensor([0.0, float("nan"), 2.0, 1.0])
+
+    def make() -> Any:
+        return make_metric("Accuracy", "multiclass", average, validate_args=validate_args)
+
+    cpu_path = _outcome(make, preds, target, patched=True, path="cpu")
+    device_path = _outcome(make, preds, target, patched=True, path="device")
+    assert _same_outcome(cpu_path, device_path), (cpu_path, device_path)
+    if validate_args:
+        assert cpu_path is RuntimeError
+    elif average == "micro":
+        assert _same_outcome(cpu_path, _outcome(make, preds, target, patched=False))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("average", ["micro", "macro"])
+def test_labels_too_large_for_the_confusion_index_raise_on_both_paths(path: str, average: str) -> None:
+    """Deviation: stock validates no label range; with 4 classes a target of 2**62 wraps ``target * 4 + preds`` to
+    class 0 in its confusion index (macro: 0.25) or counts as a miss (micro). Both patched paths reject it, like every
+    other label outside the classes (docs/classification.md)."""
+    preds, target = torch.tensor([0, 1]), torch.tensor([0, 2**62])
+
+    def make() -> Any:
+        return torchmetrics.classification.MulticlassAccuracy(4, average=average)
+
+    assert not isinstance(_outcome(make, preds, target, patched=False), type)  # stock returns a (wrong) value
+    assert _outcome(make, preds, target, patched=True, path=path) is RuntimeError

@@ -137,7 +137,12 @@ def _run_compiled(backend: str, nan_strategy: Any, validate_args: bool) -> tuple
 @pytest.mark.parametrize("validate_args", [True, False], ids=["validate", "no-validate"])
 @pytest.mark.parametrize("nan_strategy", STRATEGIES, ids=str)
 def test_compiled_step_with_metric_updates(nan_strategy: Any, validate_args: bool) -> None:
-    frames, outputs, values = _run_compiled("aot_eager", nan_strategy, validate_args)
+    _assert_compiled_step_is_stock("aot_eager", nan_strategy, validate_args)
+
+
+def _assert_compiled_step_is_stock(backend: str, nan_strategy: Any, validate_args: bool) -> None:
+    """At most two compilations over the steps, and the metrics' values are stock's eager ones."""
+    frames, outputs, values = _run_compiled(backend, nan_strategy, validate_args)
     assert frames <= 2, f"compiled {frames} times in {STEPS} steps"
     expected = _stock_values(outputs, nan_strategy, validate_args)
     for name, value in expected.items():
@@ -147,11 +152,7 @@ def test_compiled_step_with_metric_updates(nan_strategy: Any, validate_args: boo
 @pytest.mark.slow
 @pytest.mark.parametrize(("nan_strategy", "validate_args"), [("warn", True), ("error", False)])
 def test_compiled_step_with_inductor(nan_strategy: Any, validate_args: bool) -> None:
-    frames, outputs, values = _run_compiled("inductor", nan_strategy, validate_args)
-    assert frames <= 2, f"compiled {frames} times in {STEPS} steps"
-    expected = _stock_values(outputs, nan_strategy, validate_args)
-    for name, value in expected.items():
-        torch.testing.assert_close(values[name], value, msg=name)
+    _assert_compiled_step_is_stock("inductor", nan_strategy, validate_args)
 
 
 def test_problems_found_in_compiled_steps_are_reported_at_compute() -> None:

@@ -55,6 +55,7 @@ _NAN_MESSAGE = "Encountered `nan` values in tensor"
 NAN_ERROR = _deferred.Check("aggregation.nan-error", _NAN_MESSAGE, RuntimeError)
 NAN_WARNING = _deferred.Check("aggregation.nan-warning", f"{_NAN_MESSAGE}. Will be removed.", UserWarning)
 _REPORTED_NAN = {"error": NAN_ERROR, "warn": NAN_WARNING}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
@@ -67,6 +68,8 @@ def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
     """
     if isinstance(x, Tensor):
         return x
+    if isinstance(x, int) and not _INT64_MIN <= x <= _INT64_MAX:
+        x = float(x)  # a fill takes only what int64 holds; stock's as_tensor makes such an int a float, as here
     if isinstance(x, (int, float)):
         return torch.full((), x, dtype=metric.dtype, device=metric.device)
     return torch.as_tensor(x, dtype=metric.dtype, device=metric.device)
@@ -103,13 +106,25 @@ def _impute_value(metric: Any) -> float | None:
     return strategy if isinstance(strategy, float) else None
 
 
-def _neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
-    """``value`` with the entries masked by the NaN strategy replaced by the fill value or by ``neutral``."""
+def _impute(x: Tensor, mask: Tensor, fill: float) -> Tensor:
+    """``x`` with the masked entries set to ``fill``, in ``x``'s own dtype, as stock's ``x[mask] = fill`` does.
+
+    Stock imputes before the cast to the metric's dtype, so the fill is what the input's dtype makes of it: 0.1 is
+    0.0999756 in float16, 1e5 is ``inf`` there, 2.5 is 2 in an integer tensor. ``masked_fill`` would raise for a fill
+    the dtype cannot hold; a cast of a 0-dim tensor saturates as the indexed write does.
+    """
+    work_dtype = torch.promote_types(x.dtype, torch.float32)
+    return x.masked_fill(mask, torch.full((), fill, dtype=work_dtype, device=x.device).to(x.dtype))
+
+
+def _cast_and_neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
+    """``value`` in the metric's dtype with the entries masked by the NaN strategy imputed or set to ``neutral``."""
     mask = _nan_mask(metric, value)
-    if mask is None:
-        return value
     fill = _impute_value(metric)
-    return value.masked_fill(mask, neutral if fill is None else fill)
+    if mask is not None and fill is not None:
+        value, mask = _impute(value, mask, fill), None
+    value = _as_dtype(value, metric.dtype)
+    return value if mask is None else value.masked_fill(mask, neutral)
 
 
 @replaces(
@@ -144,14 +159,14 @@ def _cast_and_nan_check_input(
         return _original("BaseAggregator._cast_and_nan_check_input")(
             self, _to_metric_tensor(self, x), None if weight is None else _to_metric_tensor(self, weight)
         )
-    x = _to_metric_tensor(self, x).to(self.dtype)
-    weight = torch.ones_like(x) if weight is None else _to_metric_tensor(self, weight).to(self.dtype)
+    x = _to_metric_tensor(self, x)
+    weight = torch.ones_like(x) if weight is None else _to_metric_tensor(self, weight)
     mask = _nan_mask(self, x, weight)
     fill = _impute_value(self)
     if mask is not None and fill is not None:
-        x = x.masked_fill(mask, fill)
-        weight = weight.masked_fill(mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill)
-    return x, weight
+        x = _impute(x, mask, fill)
+        weight = _impute(weight, mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill)
+    return x.to(self.dtype), weight.to(self.dtype)
 
 
 def _original(name: str) -> Callable[..., Any]:
@@ -179,18 +194,17 @@ def _mean_fold(self: Any, value: float | Tensor, weight: float | Tensor | None) 
         weight = torch.broadcast_to(_to_metric_tensor(self, weight), value.shape)
     if value.numel() == 0:
         return
+    mask = _nan_mask(self, value, weight)
+    fill = _impute_value(self)
+    if mask is not None and fill is not None:  # before the casts, as stock (see _impute)
+        value = _impute(value, mask, fill)
+        if weight is not None or not _FILL_WEIGHT_IS_ONE:
+            unit = torch.ones_like(value, dtype=self.dtype)  # stock 1.6's default weight: 1.0 in the metric's dtype
+            weight = _impute(unit if weight is None else weight, mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill)
+        mask = None
     value = _as_dtype(value, self.dtype)
     if weight is not None:
         weight = _as_dtype(weight, self.dtype)
-    mask = _nan_mask(self, value, weight)
-    fill = _impute_value(self)
-    if mask is not None and fill is not None:
-        value = value.masked_fill(mask, fill)
-        if weight is not None or not _FILL_WEIGHT_IS_ONE:
-            weight = (weight if weight is not None else torch.ones_like(value)).masked_fill(
-                mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill
-            )
-        mask = None
     # the states are updated in place (no attribute assignment): the same tensors, without nn.Module.__setattr__,
     # and what a CUDA graph replays
     if weight is None:
@@ -201,11 +215,11 @@ def _mean_fold(self: Any, value: float | Tensor, weight: float | Tensor | None) 
             self.mean_value.add_(value.masked_fill(mask, 0.0).sum())
             self.weight.add_(mask.logical_not().sum(dtype=self.weight.dtype))
         return
-    weighted = value * weight
     if mask is not None:
-        weighted = weighted.masked_fill(mask, 0.0)
+        # both factors masked, not their product: a NaN weight must not reach the gradient of the value (0 * NaN)
+        value = value.masked_fill(mask, 0.0)
         weight = weight.masked_fill(mask, 0.0)
-    self.mean_value.add_(weighted.sum())
+    self.mean_value.add_((value * weight).sum())
     self.weight.add_(weight.sum())
 
 
@@ -215,9 +229,9 @@ def _update_single(
     """The common body of Sum/Max/Min/Cat ``update``: cast, check, neutralise NaN entries, fold into the state."""
     if _uses_stock_nan_check(metric):
         return _stock_update(metric, qualname, value)
-    value = _as_dtype(_to_metric_tensor(metric, value), metric.dtype)
+    value = _to_metric_tensor(metric, value)
     if value.numel():
-        fold(_neutralise(metric, value, neutral))
+        fold(_cast_and_neutralise(metric, value, neutral))
     _deferred.sweep(metric)
     return None
 
@@ -260,18 +274,22 @@ def _cat_update(self: Any, value: float | Tensor) -> None:
     _update_single(self, "CatMetric.update", value, float("nan"), self.value.append)
 
 
-def _without_nan(values: list[Tensor], whole_batches: bool) -> list[Tensor]:
+def _without_nan(batches: list[Tensor], has_nan: list[bool], whole_batches: bool) -> list[Tensor]:
     """Stock's list state: batches with NaN lose those entries (flattened) or, for ``"error"``, are left out."""
-    has_nan = torch.stack([torch.isnan(v).any() for v in values]).tolist()
     kept = []
-    for v, nan in zip(values, has_nan):
+    for batch, nan in zip(batches, has_nan):
         if nan:
             if whole_batches:
                 continue
-            v = v[~torch.isnan(v)]
-        if v.numel():
-            kept.append(v)
+            batch = batch[~torch.isnan(batch)]
+        if batch.numel():
+            kept.append(batch)
     return kept
+
+
+def _concatenated(values: Tensor | list[Tensor]) -> Tensor:
+    """Stock's result: the list state concatenated; a tensor state (synced) as it is."""
+    return dim_zero_cat(values) if isinstance(values, list) else values
 
 
 @replaces(f"{_MODULE}.CatMetric.compute", params=("self",), kind="metric_method")
@@ -284,15 +302,17 @@ def _cat_compute(self: Any) -> Tensor | list:
     values = self.value
     if isinstance(values, list) and not values:
         return values
-    result = dim_zero_cat(values) if isinstance(values, list) else values
-    if self.nan_strategy not in ("warn", "ignore", "error"):
-        return result
-    if _deferred.inside_forward(self) and not _deferred.reads_are_free(result):
-        return result
-    if not torch.isnan(result).any():
-        # one read of the data per compute(): its result's size depends on the data anyway
-        return result
-    kept = _without_nan([values] if isinstance(values, Tensor) else values, self.nan_strategy == "error")
+    batches = [values] if isinstance(values, Tensor) else values
+    if self.nan_strategy not in ("warn", "ignore", "error") or (
+        _deferred.inside_forward(self) and not _deferred.reads_are_free(batches[0])
+    ):
+        return _concatenated(values)
+    # one read per compute() (its result's size depends on the data anyway); per batch, because stock flattened
+    # the batches it took NaN out of, and only those: a 0-dim batch and a 2-D one with NaN concatenate in stock
+    has_nan = torch.stack([torch.isnan(batch).any() for batch in batches]).tolist()
+    if not any(has_nan):
+        return _concatenated(values)
+    kept = _without_nan(batches, has_nan, whole_batches=self.nan_strategy == "error")
     if kept:
         return dim_zero_cat(kept)
     return values[:0].flatten() if isinstance(values, Tensor) else []

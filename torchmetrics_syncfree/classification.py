@@ -58,6 +58,11 @@ Deliberate deviations from stock (tested in ``tests/test_classification_parity.p
 * with ``validate_args=False``, out-of-range multiclass labels are dropped from the per-class counts (macro,
   weighted, none, ``top_k > 1``, samplewise; stock fails in ``reshape``/``one_hot`` or silently counts them in the
   wrong cell; on CUDA ``one_hot`` hits a device assert); micro averaging counts them as misses, like stock;
+* NaN in a float multiclass target is no class label: validation rejects it like any other (stock counts it as a
+  miss in micro averaging and wraps it into some cell of its confusion matrix);
+* a label ``pred`` equal to an ``ignore_index`` outside the classes predicts no class: a miss of the target's class
+  (fn), no class's fp. Stock ignores entries by their target only; its micro counts agree, its confusion matrix
+  wraps ``target * C + preds`` into another class's cell (or fails on a negative index);
 * on the device path a validation error surfaces after the offending update has returned (the batch is left out of
   the state; with ``multidim_average="samplewise"`` its rows stay in the list state with zero counts, because the
   list's length is fixed on the host), with a message that names the problem rather than the values.
@@ -269,8 +274,10 @@ def _multilabel_stat_scores_tensor_validation(
 
 
 def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
-    """Bool mask of labels outside ``[0, num_classes)`` that are not ``ignore_index``."""
+    """Bool mask of labels outside ``[0, num_classes)`` that are not ``ignore_index`` (NaN in a float target too)."""
     mask = (labels < 0) | (labels >= num_classes)
+    if labels.is_floating_point():
+        mask |= labels.isnan()
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
@@ -302,7 +309,9 @@ def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
         labels = labels.masked_fill(labels == ignore_index, 0)
     if not labels.numel():
         return True
-    low, high = (int(bound) for bound in torch.aminmax(labels))
+    # one read of both bounds; as Python numbers, not int(): a float target may hold NaN (no class, stock counts it
+    # as a miss) and an int64 label as large as 2**62 must not wrap in arithmetic
+    low, high = torch.stack(torch.aminmax(labels)).tolist()
     return (low >= 0 or low == ignore_index) and (high < num_classes or high == ignore_index)
 
 
@@ -486,27 +495,36 @@ def _confusion_counts(
     With ``labels_checked`` every label not equal to ``ignore_index`` is known to be a class, so only ignored entries
     need routing to the dropped cell (none without ``ignore_index``). ``tn`` is what the other three leave of the
     entries counted: ``counted - (tp + fp) - fn`` (stock sums the whole matrix for it).
+
+    An ``ignore_index`` outside the classes adds a column: a label pred equal to it predicts no class, a miss of the
+    target's class (fn) that no class predicted: stock's ``target * C + preds`` wraps it into another cell.
     """
     preds, target = _flat_long(preds), _flat_long(target)
-    cells = num_classes * num_classes
-    index = preds.add(target, alpha=num_classes)  # target * C + preds in one op
+    ignored_pred_column = ignore_index is not None and not 0 <= ignore_index < num_classes
+    width = num_classes + 1 if ignored_pred_column else num_classes
+    cells = num_classes * width
     if labels_checked and ignore_index is None:
-        bins, counted = _checked_bincount(index, cells, preds, target, num_classes), preds.numel()
+        bins, counted = _checked_bincount(preds.add(target, alpha=width), cells, preds, target, num_classes), None
     else:
         if labels_checked:
             dropped = target == ignore_index
+        elif ignored_pred_column:  # labels outside the classes (validate_args=False), except no-class preds
+            dropped = _not_a_class(target, num_classes, None) | _not_a_class(preds, num_classes, ignore_index)
         else:
             dropped = (torch.minimum(target, preds) < 0) | (torch.maximum(target, preds) >= num_classes)
-            if ignore_index is not None and 0 <= ignore_index < num_classes:  # any other one is out of range anyway
+            if ignore_index is not None:  # one of the classes
                 dropped |= target == ignore_index
+        if ignored_pred_column:
+            preds = preds.masked_fill(preds == ignore_index, num_classes)
+        index = preds.add(target, alpha=width)  # target * width + preds in one op
         bins = _count(torch.where(dropped, cells, index), cells + 1)[:cells]
         counted = bins.sum()
-    confmat = bins.view(num_classes, num_classes)
-    tp = confmat.diag()
-    predicted = confmat.sum(0)
+    confmat = bins.view(num_classes, width)
+    tp = confmat.diagonal()
+    predicted = confmat[:, :num_classes].sum(0)
     fp = predicted - tp
     fn = confmat.sum(1) - tp
-    return tp, fp, torch.rsub(predicted, counted) - fn, fn
+    return tp, fp, torch.rsub(predicted, preds.numel() if counted is None else counted) - fn, fn
 
 
 def _flat_long(labels: Tensor) -> Tensor:
@@ -549,7 +567,10 @@ def _one_hot_counts(
     if ignore_out:
         ignored = target == ignore_index
         target = target.masked_fill(ignored, num_classes)
-        preds = preds.masked_fill(ignored.unsqueeze(1) if preds.ndim > target.ndim else ignored, num_classes)
+        if preds.ndim > target.ndim:
+            preds = preds.masked_fill(ignored.unsqueeze(1), num_classes)
+        else:  # label preds: one equal to ignore_index predicts no class (the dropped column), as in the matrix
+            preds = preds.masked_fill(ignored | (preds == ignore_index), num_classes)
     width = num_classes + 1 if ignore_out else num_classes
     if top_k > 1:
         preds_oh = torch.movedim(select_topk(preds, topk=top_k, dim=1), 1, -1)
@@ -596,7 +617,7 @@ def _multiclass_stat_scores_update(
         if average == "micro":
             return _micro_counts(preds, target, num_classes, ignore_index)
         return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
-    if labels_checked:
+    if labels_checked and (ignore_index is None or 0 <= ignore_index < num_classes):
         return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
             preds, target, num_classes, top_k, average, multidim_average, ignore_index
         )
