@@ -372,6 +372,8 @@ def test_random_update_streams_match_stock(case):
 def test_float_strategy_imputes_in_the_input_dtype_as_stock(metric_cls, fill, device_path):
     """Stock writes the fill into the input before casting it: 0.1 is 0.0999756 in float16, 1e5 is inf there."""
     stream = [(t([NAN, 1.0], dtype=torch.float16),)]
+    if stock_is_wrong(metric_cls, fill, stream):
+        pytest.skip("1.6 imputes the fill weight into every entry of its broadcast default weight (a deviation)")
     stock = run_stream(metric_cls, fill, stream, patched=False)
     patched = run_stream(metric_cls, fill, stream, patched=True, device_path=device_path)
     assert_same_outcome(stock, patched, exact=True)
