@@ -5,7 +5,7 @@ Commands::
     python tools/series.py apply CHECKOUT [--check]     # git am the series; --check: dry run in a scratch worktree
     python tools/series.py checkout DIR                 # snapshot -> DIR, tag `upstream`, branch `syncfree` = series
     python tools/series.py make CHECKOUT [--base upstream] [--head HEAD]   # git format-patch -> patches/
-    python tools/series.py test [--archive A ...]       # what `tox -e upstream` runs (see CONTRIBUTING.md)
+    python tools/series.py test [--archive A ...] [--heavy subset]   # `tox -e upstream` (CI: --heavy subset)
     python tools/series.py baseline [--archive A]       # record the unpatched outcomes of the heavy suites
 
 ``apply`` never leaves a checkout half-patched: when a patch does not apply, it names the patch and the file (and
@@ -65,6 +65,9 @@ TESTS_FOR_SOURCE = {
 #: ``test`` compares with them instead of running the heavy suites a second time on the unpatched tree
 BASELINES_DIR = REPO / "tools" / "baselines"
 HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if heavy for t in tests}))
+#: ``test --heavy subset`` (CI): the heavy suites cut to the two files CI runs elsewhere, stat scores (the file the
+#: series changes) and accuracy; ``--heavy all`` runs all five (see CONTRIBUTING.md)
+HEAVY_SUBSET = ("unittests/classification/test_accuracy.py", "unittests/classification/test_stat_scores.py")
 #: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
 BASELINE_PACKAGES = (
     "torch",
@@ -563,7 +566,9 @@ def write_baseline(archive: Path, tests: Sequence[str], outcomes: Outcomes, seco
     return path
 
 
-def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: str, project: str) -> int:
+def check_series(
+    archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: str, project: str, heavy: str = "all"
+) -> int:
     """Apply the series to each snapshot and check it; returns the number of problems found."""
     patches = patch_files(series)
     problems: list[str] = []
@@ -586,6 +591,8 @@ def check_series(archives: Sequence[Path], series: Path, workers: int, ruff: str
                 continue
             touched = _touched(patched, "upstream")
             paths = upstream_tests_for(touched, heavy=index == 0)
+            if heavy == "subset":
+                paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
             after_report, before_report = Path(tmp) / f"{label}-after.xml", Path(tmp) / f"{label}-before.xml"
             after, seconds = _pytest(patched, paths, after_report, workers)
             before: Outcomes | None = None
@@ -674,6 +681,12 @@ def main(argv: list[str] | None = None) -> int:
     p_base.add_argument("--archive", type=Path, default=SHARED_UPSTREAM / SNAPSHOTS[0])
     p_base.add_argument("-n", "--workers", type=int, default=2)
     p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
+    p_test.add_argument(
+        "--heavy",
+        choices=("all", "subset"),
+        default="all",
+        help="the heavy classification suites: all five, or the stat-scores and accuracy files (CI)",
+    )
 
     args = parser.parse_args(argv)
     try:
@@ -698,7 +711,9 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 raise SeriesError(f"snapshot(s) not found: {missing} (they live in ../shared/upstream/)")
             project = args.project
-            return min(1, check_series(archives, args.series, args.workers, args.ruff, args.baseline, project))
+            return min(
+                1, check_series(archives, args.series, args.workers, args.ruff, args.baseline, project, args.heavy)
+            )
     except SeriesError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
