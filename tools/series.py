@@ -504,7 +504,10 @@ class RecordedBaseline:
         changed = {k: f"{v} -> {versions.get(k)}" for k, v in data["versions"].items() if versions.get(k) != v}
         if changed:  # a new release can change which tests pass; any failure on the patched tree is reported anyway
             print(f"note: {path.name} was recorded with other versions: {changed}", flush=True)
-        return cls(data["tests"], data["functions"]), f"recorded in {_shown(path)}"
+        # only the requested suites: a subset run (``--heavy subset``) must not miss the functions it did not run
+        recorded = cls(list(tests), {})
+        recorded.functions = {f: c for f, c in data["functions"].items() if recorded.covers(f)}
+        return recorded, f"recorded in {_shown(path)}"
 
     def compare(self, patched: Outcomes) -> list[str]:
         """Problems of the patched outcomes of the recorded suites, as :func:`compare_outcomes` finds them."""
