@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -9,7 +11,8 @@ import torch
 import torchmetrics
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred, probe
+import torchmetrics_syncfree
+from torchmetrics_syncfree import SyncProbe, _deferred, probe
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
 #: devices of the parity and sync tests; CUDA is marked and skipped without a GPU
@@ -110,3 +113,45 @@ def pending_checks(metric: Any) -> int:
     counters = getattr(metric, _deferred.STATE, None)
     with probe.quiet():  # the test's own look at the counters
         return 0 if counters is None else int(counters.sum())
+
+
+#: "cpu": the patched code's CPU path (free host reads: cheaper CPU-only counting and validation); "device": the
+#: path a GPU takes, simulated on CPU by a SyncProbe. Both must give stock's values.
+PATHS = ["cpu", "device"]
+
+
+Case = tuple[Callable[[], Any], list[tuple[Tensor, Tensor]]]
+
+
+def run_case(make: Callable[[], Any], data: list[tuple[Tensor, Tensor]], device: str) -> list[Tensor]:
+    """forward() of every batch and compute() after them, then compute() after plain update()s."""
+    metric = make().to(device)
+    out = [metric(preds.to(device), target.to(device)) for preds, target in data]
+    out.append(metric.compute())
+    other = make().to(device)
+    for preds, target in data:
+        other.update(preds.to(device), target.to(device))
+    out.append(other.compute())
+    return [value.cpu() for value in out]
+
+
+def assert_identical(stock: list[Tensor], patched: list[Tensor], label: str = "") -> None:
+    assert len(stock) == len(patched)
+    for i, (s, p) in enumerate(zip(stock, patched)):
+        where = f"{label} value {i}"
+        assert (p.dtype, p.shape) == (s.dtype, s.shape), (
+            f"{where}: {p.dtype}{tuple(p.shape)} vs {s.dtype}{tuple(s.shape)}"
+        )
+        torch.testing.assert_close(p, s, rtol=0, atol=0, equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
+
+
+def parity(cases: dict[str, Case], device: str = "cpu", path: str = "cpu") -> None:
+    """Run every case stock, then patched (one patch cycle for all: patching is the slow part), and compare.
+
+    ``path="device"`` runs the patched metrics inside a CPU SyncProbe, so they take their GPU code path.
+    """
+    stock = {label: run_case(make, data, device) for label, (make, data) in cases.items()}
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        patched = {label: run_case(make, data, device) for label, (make, data) in cases.items()}
+    for label in cases:
+        assert_identical(stock[label], patched[label], label)

@@ -205,7 +205,9 @@ def _simulate_device(deferred: ModuleType) -> None:
 
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
-AREAS_WITHOUT_PATCHES: dict[str, str] = {}
+AREAS_WITHOUT_PATCHES: dict[str, str] = {
+    "confusion_matrix": "new in the layer (issue 10, first part); its upstream patch is the next step",
+}
 
 
 #: Targets the layer replaces only for older releases: upstream master (what the series is made against) already has

@@ -17,54 +17,17 @@ from tests._classification_cases import (
     DEVICES,
     METRICS,
     NUM_CLASSES,
+    PATHS,
+    Case,
+    assert_identical,
     batches,
     config_id,
     configs,
     make_metric,
+    parity,
     pending_checks,
 )
 from torchmetrics_syncfree import SyncProbe, _deferred
-
-#: "cpu": the patched code's CPU path (free host reads: cheaper CPU-only counting and validation); "device": the
-#: path a GPU takes, simulated on CPU by a SyncProbe. Both must give stock's values.
-PATHS = ["cpu", "device"]
-
-
-Case = tuple[Callable[[], Any], list[tuple[Tensor, Tensor]]]
-
-
-def _run(make: Callable[[], Any], data: list[tuple[Tensor, Tensor]], device: str) -> list[Tensor]:
-    """forward() of every batch and compute() after them, then compute() after plain update()s."""
-    metric = make().to(device)
-    out = [metric(preds.to(device), target.to(device)) for preds, target in data]
-    out.append(metric.compute())
-    other = make().to(device)
-    for preds, target in data:
-        other.update(preds.to(device), target.to(device))
-    out.append(other.compute())
-    return [value.cpu() for value in out]
-
-
-def _assert_identical(stock: list[Tensor], patched: list[Tensor], label: str = "") -> None:
-    assert len(stock) == len(patched)
-    for i, (s, p) in enumerate(zip(stock, patched)):
-        where = f"{label} value {i}"
-        assert (p.dtype, p.shape) == (s.dtype, s.shape), (
-            f"{where}: {p.dtype}{tuple(p.shape)} vs {s.dtype}{tuple(s.shape)}"
-        )
-        torch.testing.assert_close(p, s, rtol=0, atol=0, equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
-
-
-def _parity(cases: dict[str, Case], device: str = "cpu", path: str = "cpu") -> None:
-    """Run every case stock, then patched (one patch cycle for all: patching is the slow part), and compare.
-
-    ``path="device"`` runs the patched metrics inside a CPU SyncProbe, so they take their GPU code path.
-    """
-    stock = {label: _run(make, data, device) for label, (make, data) in cases.items()}
-    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
-        patched = {label: _run(make, data, device) for label, (make, data) in cases.items()}
-    for label in cases:
-        _assert_identical(stock[label], patched[label], label)
 
 
 def _default_case(config: tuple) -> Case:
@@ -80,7 +43,7 @@ def test_parity_default_arguments(name: str, path: str, device: str) -> None:
     """Every task x average x ignore_index of one metric (including all-ignored batches and zero division)."""
     if device == "cuda" and path == "device":
         pytest.skip("on CUDA the device path is the only path")
-    _parity({config_id(config): _default_case(config) for config in configs((name,))}, device, path)
+    parity({config_id(config): _default_case(config) for config in configs((name,))}, device, path)
 
 
 def test_parity_data_has_zero_division() -> None:
@@ -117,7 +80,7 @@ def _multiclass_other_case(name: str, average: str, kwargs: dict) -> Case:
 @pytest.mark.parametrize("name", ["Accuracy", "Precision", "F1Score", "StatScores"])
 def test_parity_multiclass_other_arguments(name: str, path: str) -> None:
     """top_k=2, samplewise and zero_division=1, with and without ignore_index."""
-    _parity(
+    parity(
         {
             f"{average}-{kwargs}": _multiclass_other_case(name, average, kwargs)
             for average in ("micro", "macro", "none")
@@ -139,7 +102,7 @@ def test_parity_binary_multilabel_other_arguments(path: str) -> None:
                 (lambda task=task, kwargs=kwargs: make_metric("Recall", task, "macro", -1, **kwargs)),
                 data,
             )
-    _parity(cases, path=path)
+    parity(cases, path=path)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -149,7 +112,7 @@ def test_parity_deterministic_mode(path: str) -> None:
     torch.use_deterministic_algorithms(True)
     try:
         data = batches("multiclass", -1, seed=11)
-        _parity({"weighted": ((lambda: make_metric("F1Score", "multiclass", "weighted", -1)), data)}, path=path)
+        parity({"weighted": ((lambda: make_metric("F1Score", "multiclass", "weighted", -1)), data)}, path=path)
     finally:
         torch.use_deterministic_algorithms(previous)
 
@@ -161,12 +124,12 @@ def test_functional_api_parity() -> None:
     stock = multiclass_f1_score(preds, target, NUM_CLASSES, average="macro", ignore_index=-1)
     with torchmetrics_syncfree.patched():
         patched = multiclass_f1_score(preds, target, NUM_CLASSES, average="macro", ignore_index=-1)
-    _assert_identical([stock], [patched])
+    assert_identical([stock], [patched])
     preds, target = batches("multilabel", None, seed=5)[0]
     stock = multilabel_precision(preds, target, NUM_CLASSES, average="none")
     with torchmetrics_syncfree.patched():
         patched = multilabel_precision(preds, target, NUM_CLASSES, average="none")
-    _assert_identical([stock], [patched])
+    assert_identical([stock], [patched])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -236,7 +199,7 @@ def test_invalid_batch_on_device_is_left_out_and_reported_once(syncfree: Any, us
     assert pending_checks(metric) == 0
     reference.update(preds, valid_target)
     reference.update(preds, valid_target)
-    _assert_identical([metric.compute()], [reference.compute()])
+    assert_identical([metric.compute()], [reference.compute()])
 
 
 def test_invalid_multiclass_message_is_stock_where_stock_raises() -> None:
@@ -324,7 +287,7 @@ def test_safe_divide_matches_stock(zero_division: Any) -> None:
         pytest.skip("this torchmetrics version's stock rejects it (1.6 copies zero_division with torch.tensor)")
     with torchmetrics_syncfree.patched():
         patched = compute._safe_divide(num, denom, zero_division)
-    _assert_identical([stock], [patched])
+    assert_identical([stock], [patched])
 
 
 def _outcome(make: Callable[[], Any], preds: Tensor, target: Tensor, patched: bool, path: str = "cpu") -> Any:
@@ -378,7 +341,7 @@ def test_label_preds_equal_to_ignore_index_are_misses_on_both_paths(
         kept = target != -1
         reference = torchmetrics.classification.MulticlassStatScores(NUM_CLASSES + 1, average="none")
         reference.update(preds[kept].masked_fill(preds[kept] == -1, NUM_CLASSES), target[kept])
-        _assert_identical([cpu_path], [reference.compute()[:NUM_CLASSES]])
+        assert_identical([cpu_path], [reference.compute()[:NUM_CLASSES]])
 
 
 @pytest.mark.parametrize("validate_args", [True, False], ids=["validated", "not-validated"])

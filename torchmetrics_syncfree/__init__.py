@@ -37,6 +37,9 @@ register_area("metric", "torchmetrics_syncfree.metric")
 register_area("aggregation", "torchmetrics_syncfree.aggregation", requires=("metric",))
 register_area("distributed", "torchmetrics_syncfree.distributed")
 register_area("classification", "torchmetrics_syncfree.classification", requires=("metric",))
+register_area(
+    "confusion_matrix", "torchmetrics_syncfree.classification.confusion_matrix", requires=("metric", "classification")
+)
 
 __all__ = [
     "FORCE_ENV_VAR",

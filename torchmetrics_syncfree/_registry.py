@@ -144,7 +144,7 @@ def replaces(
     """
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        area = fn.__module__.rsplit(".", 1)[-1]
+        area = _area_of(fn.__module__)
         with _lock:
             if target in _specs and _specs[target].replacement is not fn:
                 raise ValueError(f"{target} is already declared by {_specs[target].replacement!r}")
@@ -152,6 +152,16 @@ def replaces(
         return fn
 
     return decorator
+
+
+def _area_of(module: str) -> str:
+    """The registered area whose module is ``module`` or the closest package holding it (else its last name)."""
+    holding = [
+        (len(area_module), name)
+        for name, area_module in _area_modules.items()
+        if module == area_module or module.startswith(f"{area_module}.")
+    ]
+    return max(holding)[1] if holding else module.rsplit(".", 1)[-1]
 
 
 def declares_setting(target: str, value: Any, area: str) -> None:

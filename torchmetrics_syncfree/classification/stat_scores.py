@@ -292,8 +292,8 @@ def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: in
     return (
         ignore_index is None
         and multidim_average == "global"
-        and metric.top_k == 1
-        and metric.average != "micro"
+        and getattr(metric, "top_k", 1) == 1  # a confusion-matrix metric has neither: it always counts this way
+        and getattr(metric, "average", None) != "micro"
         and not _mesh_counting()
     )
 
@@ -487,17 +487,18 @@ def _checked_bincount(index: Tensor, cells: int, preds: Tensor, target: Tensor, 
     return bins  # type: ignore[return-value]
 
 
-def _confusion_counts(
+def _confusion_bins(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool = False
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """tp/fp/tn/fn per class from a confusion matrix counted into ``C**2`` cells plus one dropped cell.
+) -> tuple[Tensor, Tensor | None]:
+    """The confusion matrix (rows: target, columns: preds) counted into fixed cells, and the number of entries counted.
 
-    With ``labels_checked`` every label not equal to ``ignore_index`` is known to be a class, so only ignored entries
-    need routing to the dropped cell (none without ``ignore_index``). ``tn`` is what the other three leave of the
-    entries counted: ``counted - (tp + fp) - fn`` (stock sums the whole matrix for it).
+    Counted into ``C**2`` cells plus one dropped cell that takes ignored entries and labels outside the classes. With
+    ``labels_checked`` every label not equal to ``ignore_index`` is known to be a class, so only ignored entries need
+    routing to the dropped cell (none without ``ignore_index``; the count is then ``preds.numel()``, returned as
+    ``None``).
 
     An ``ignore_index`` outside the classes adds a column: a label pred equal to it predicts no class, a miss of the
-    target's class (fn) that no class predicted: stock's ``target * C + preds`` wraps it into another cell.
+    target's class that no class predicted: stock's ``target * C + preds`` wraps it into another cell.
     """
     preds, target = _flat_long(preds), _flat_long(target)
     ignored_pred_column = ignore_index is not None and not 0 <= ignore_index < num_classes
@@ -519,7 +520,18 @@ def _confusion_counts(
         index = preds.add(target, alpha=width)  # target * width + preds in one op
         bins = _count(torch.where(dropped, cells, index), cells + 1)[:cells]
         counted = bins.sum()
-    confmat = bins.view(num_classes, width)
+    return bins.view(num_classes, width), counted
+
+
+def _confusion_counts(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """tp/fp/tn/fn per class from :func:`_confusion_bins`.
+
+    ``tn`` is what the other three leave of the entries counted: ``counted - (tp + fp) - fn`` (stock sums the whole
+    matrix for it). A pred in the no-class column is a miss of the target's class (fn), no class's fp.
+    """
+    confmat, counted = _confusion_bins(preds, target, num_classes, ignore_index, labels_checked)
     tp = confmat.diagonal()
     predicted = confmat[:, :num_classes].sum(0)
     fp = predicted - tp

@@ -1,0 +1,275 @@
+"""ConfusionMatrix and the metrics built on it (CohenKappa, MatthewsCorrCoef, JaccardIndex): stock's values on both
+patched paths, sync-free update/forward (and compute where it is patched), validation, NaN warnings, compile."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+import torchmetrics
+from torch import Tensor
+
+import torchmetrics_syncfree
+from tests._classification_cases import IGNORE, NUM_CLASSES, PATHS, Case, batches, parity, pending_checks
+from torchmetrics_syncfree import SyncProbe, _deferred
+
+#: (metric, task, extra arguments): every task each metric has and the arguments that change its compute
+FAMILY: list[tuple[str, str, dict[str, Any]]] = [
+    *[
+        ("ConfusionMatrix", task, {"normalize": n})
+        for task in ("binary", "multiclass", "multilabel")
+        for n in (None, "true", "pred", "all")
+    ],
+    *[("CohenKappa", task, {"weights": w}) for task in ("binary", "multiclass") for w in (None, "linear", "quadratic")],
+    *[("MatthewsCorrCoef", task, {}) for task in ("binary", "multiclass", "multilabel")],
+    ("JaccardIndex", "binary", {}),
+    *[
+        ("JaccardIndex", task, {"average": a})
+        for task in ("multiclass", "multilabel")
+        for a in ("micro", "macro", "weighted", "none")
+    ],
+]
+#: MatthewsCorrCoef's compute (``if denom == 0`` and friends) is not patched yet: its forward still reads
+COMPUTE_PATCHED = {"ConfusionMatrix", "CohenKappa", "JaccardIndex"}
+
+
+def _make(name: str, task: str, extra: dict[str, Any], ignore_index: int | None, **kwargs: Any) -> Any:
+    size = {"multiclass": {"num_classes": NUM_CLASSES}, "multilabel": {"num_labels": NUM_CLASSES}}.get(task, {})
+    return getattr(torchmetrics, name)(task=task, ignore_index=ignore_index, **size, **extra, **kwargs)
+
+
+def _label(name: str, task: str, extra: dict[str, Any], ignore_index: int | None) -> str:
+    return "-".join([name, task, *map(str, extra.values()), str(ignore_index)])
+
+
+def _cases(name: str) -> dict[str, Case]:
+    cases = {}
+    for metric, task, extra in FAMILY:
+        if metric != name:
+            continue
+        for ignore_index in IGNORE[task]:
+            label = _label(metric, task, extra, ignore_index)
+            data = batches(task, ignore_index, seed=sum(map(ord, label)))
+            cases[label] = (lambda t=task, e=extra, i=ignore_index: _make(name, t, e, i)), data
+    return cases
+
+
+@pytest.fixture(autouse=True)
+def _quiet_nan_warnings() -> Any:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*NaN values found in confusion matrix")
+        yield
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["ConfusionMatrix", "CohenKappa", "MatthewsCorrCoef", "JaccardIndex"])
+def test_parity_with_stock(name: str, path: str) -> None:
+    """forward() per batch and compute(): identical values, dtypes and shapes, every task and ignore_index."""
+    parity(_cases(name), path=path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_parity_deterministic_mode(path: str) -> None:
+    """Upstream's fixed-shape mesh counting (deterministic mode) gives stock's matrices too."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        parity({k: v for k, v in _cases("ConfusionMatrix").items() if "None-" in k}, path=path)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(("name", "task", "extra"), FAMILY, ids=[_label(*f, None) for f in FAMILY])
+def test_update_and_forward_are_sync_free(syncfree: Any, name: str, task: str, extra: dict) -> None:
+    """0 would-be syncs on the device path: update, forward (and compute where the metric's compute is patched)."""
+    ignore_index = IGNORE[task][-1]
+    data = batches(task, ignore_index, seed=3)
+    metric = _make(name, task, extra, ignore_index)
+    with SyncProbe() as probe:
+        for preds, target in data[:3]:
+            metric.update(preds, target)
+    assert probe.count == 0, probe.events
+    if name in COMPUTE_PATCHED:
+        with SyncProbe() as probe:
+            for preds, target in data[3:]:
+                metric(preds, target)
+            metric.compute()
+        assert probe.count == 0, probe.events
+
+
+def test_stock_syncs_are_seen() -> None:
+    """The probe sees stock's reads (so the zero above means something): validation, bincount, masks."""
+    for name, task, extra in FAMILY:
+        metric = _make(name, task, extra, IGNORE[task][-1])
+        preds, target = batches(task, IGNORE[task][-1], seed=1)[0]
+        with SyncProbe() as probe:
+            metric.update(preds, target)
+        assert probe.count > 0, (name, task)
+
+
+INVALID = {
+    "binary target": ("binary", torch.tensor([0.2, 0.7]), torch.tensor([0, 2])),
+    "binary label preds": ("binary", torch.tensor([0, 3]), torch.tensor([0, 1])),
+    "multiclass target": ("multiclass", torch.randn(2, NUM_CLASSES), torch.tensor([0, NUM_CLASSES + 3])),
+    "multiclass negative label preds": ("multiclass", torch.tensor([0, -3]), torch.tensor([0, 1])),
+    "multilabel target": ("multilabel", torch.rand(2, NUM_CLASSES), torch.full((2, NUM_CLASSES), 2)),
+}
+
+
+@pytest.mark.parametrize("name", ["ConfusionMatrix", "CohenKappa", "JaccardIndex"])
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_input_raises_stock_error_type_at_once_on_cpu(name: str, case: str) -> None:
+    """Where stock raises, a ``RuntimeError`` too; where it does not (a negative label pred that ``target * C + preds``
+    maps into another cell), the documented deviation: the patched metric raises."""
+    task, preds, target = INVALID[case]
+    if name == "CohenKappa" and task == "multilabel":
+        pytest.skip("CohenKappa has no multilabel task")
+    extra = {"average": "macro"} if name == "JaccardIndex" and task != "binary" else {}
+    stock = _make(name, task, extra, None)
+    if case == "multiclass negative label preds":
+        stock.update(preds, target)
+        assert int(stock.confmat[0].sum()) == 2  # stock: the entry of class 1 counted in class 0's row
+    else:
+        with pytest.raises(RuntimeError):
+            stock.update(preds, target)
+    with torchmetrics_syncfree.patched():
+        metric = _make(name, task, extra, None)
+        with pytest.raises(RuntimeError):
+            metric.update(preds, target)
+        assert int(metric.confmat.sum()) == 0  # raised before the state changed
+
+
+@pytest.mark.parametrize("name", ["ConfusionMatrix", "CohenKappa", "JaccardIndex"])
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_batch_on_the_device_path_is_left_out_and_reported_once(syncfree: Any, name: str, case: str) -> None:
+    """Kappa and Jaccard set ``validate_args`` after the confusion matrix's ``__init__``: they report all the same."""
+    task, preds, target = INVALID[case]
+    if name == "CohenKappa" and task == "multilabel":
+        pytest.skip("CohenKappa has no multilabel task")
+    extra = {"average": "macro"} if name == "JaccardIndex" and task != "binary" else {}
+    good_preds, good_target = batches(task, None, seed=5)[0]
+    metric, reference = _make(name, task, extra, None), _make(name, task, extra, None)
+    reference.update(good_preds, good_target)
+    with SyncProbe():
+        metric.update(good_preds, good_target)
+        with pytest.raises(RuntimeError, match="not valid for this metric"):
+            metric.update(preds, target)  # reported at the end of this update: on a simulated device the copy arrived
+    torch.testing.assert_close(metric.confmat, reference.confmat, rtol=0, atol=0)
+    assert pending_checks(metric) == 0
+
+
+def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
+    metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3)
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        metric.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
+        metric.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
+        assert pending_checks(metric) == 1
+        with pytest.raises(RuntimeError, match="not valid for this metric"):
+            metric.compute()
+    assert pending_checks(metric) == 0
+    assert metric.compute().sum() == 2  # usable afterwards; the bad batch never entered the state
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_validate_args_false_drops_entries_that_are_no_cell(path: str) -> None:
+    """Documented deviation: stock fails in bincount/reshape (CPU) or counts them in another label's cells."""
+    cases = [
+        (
+            torchmetrics.ConfusionMatrix(task="binary", validate_args=False),
+            torch.tensor([1, 1, 0]),
+            torch.tensor([1, 2, -1]),
+        ),
+        (
+            torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3, validate_args=False),
+            torch.tensor([0, 5, 1]),
+            torch.tensor([0, 1, -2]),
+        ),
+        (
+            torchmetrics.ConfusionMatrix(task="multilabel", num_labels=2, validate_args=False),
+            torch.tensor([[1, 1], [0, 1]]),
+            torch.tensor([[1, 2], [0, 1]]),
+        ),
+    ]
+    expected = [torch.tensor([[0, 0], [0, 1]]), torch.tensor([[1, 0, 0], [0, 0, 0], [0, 0, 0]]), None]
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else _nothing():
+        results = []
+        for metric, preds, target in cases:
+            metric.update(preds, target)
+            results.append(metric.compute())
+    torch.testing.assert_close(results[0], expected[0])
+    torch.testing.assert_close(results[1], expected[1])
+    # multilabel: label 0 counts both entries; label 1 only the valid one (stock would put the 2 into a wrong cell)
+    torch.testing.assert_close(results[2], torch.tensor([[[1, 0], [0, 1]], [[0, 0], [0, 1]]]))
+
+
+def _nothing() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_label_pred_equal_to_an_ignore_index_outside_the_classes_lands_in_no_cell(path: str) -> None:
+    """Documented deviation: stock's ``target * C + preds`` puts it into the previous class's last cell."""
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else _nothing():
+        metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3, ignore_index=-1)
+        metric.update(torch.tensor([-1, 1, 2]), torch.tensor([1, 1, -1]))
+        confmat = metric.compute()
+    torch.testing.assert_close(confmat, torch.tensor([[0, 0, 0], [0, 1, 0], [0, 0, 0]]))
+
+
+def _absent_class_data() -> tuple[Tensor, Tensor]:
+    return torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, 0, 0])  # class 2 never occurs: its row is 0/0
+
+
+def test_normalize_nan_warning_is_stocks_on_cpu(syncfree: Any) -> None:
+    metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3, normalize="true")
+    metric.update(*_absent_class_data())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = metric.compute()
+    assert [str(w.message) for w in caught] == ["3 NaN values found in confusion matrix have been replaced with zeros."]
+    assert not result.isnan().any()
+
+
+@pytest.mark.parametrize("use_forward", [False, True])
+def test_normalize_nan_warning_on_the_device_path_is_reported_once_at_the_next_eager_point(
+    syncfree: Any, use_forward: bool
+) -> None:
+    metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3, normalize="true")
+    data = _absent_class_data()
+    with warnings.catch_warnings(record=True) as caught, SyncProbe() as probe:
+        warnings.simplefilter("always")
+        if use_forward:
+            metric(*data)  # the batch's compute finds the NaN; forward reports at its end
+        else:
+            metric.update(*data)
+            metric.compute()  # finds the NaN, reads nothing
+            metric.update(*data)  # reports it (the simulated copy has arrived)
+        metric.reset()
+    messages = [str(w.message) for w in caught if "NaN values" in str(w.message)]
+    assert messages == ["NaN values found in confusion matrix have been replaced with zeros."]
+    assert probe.count == 0, probe.events
+
+
+def test_metric_created_before_patching_reports_too() -> None:
+    metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3)
+    with torchmetrics_syncfree.patched(), SyncProbe():
+        metric.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
+        with pytest.raises(RuntimeError):
+            metric.update(torch.tensor([0, 1]), torch.tensor([0, 9]))
+            metric.compute()
+        assert int(metric.confmat.sum()) == 2
+
+
+@pytest.mark.parametrize("task", ["binary", "multiclass", "multilabel"])
+def test_update_traces_without_a_graph_break(task: str) -> None:
+    torch._dynamo.reset()
+    with torchmetrics_syncfree.patched():
+        metric = _make("ConfusionMatrix", task, {}, IGNORE[task][-1])
+        preds, target = batches(task, IGNORE[task][-1], seed=2)[0]
+        explanation = torch._dynamo.explain(lambda p, t: metric.update(p, t))(preds, target)
+    torch._dynamo.reset()
+    assert [str(r.reason).split("\n")[0] for r in explanation.break_reasons] == []

@@ -1,0 +1,376 @@
+"""Sync-free ``torchmetrics.classification.confusion_matrix``: ConfusionMatrix and the metrics built on it.
+
+``BinaryConfusionMatrix``, ``MulticlassConfusionMatrix`` and ``MultilabelConfusionMatrix`` are the base classes of
+CohenKappa, MatthewsCorrCoef and JaccardIndex (every task): they inherit its ``update``, so patching the three updates
+covers all of them.
+
+==================================================  ===========================================================
+stock                                                sync-free
+==================================================  ===========================================================
+``validate_args``: ``torch.unique`` + ``if ...:``    one device flag per update, filed with the metric as a
+                                                     deferred check (the stat scores' validation: raised at once
+                                                     on CPU, reported at an eager point on the device path, the
+                                                     invalid batch left out of the state)
+``ignore_index``: ``preds[target != ii]`` (binary,   ignored entries stay in place and are routed to a dropped
+multiclass), ``preds[idx] = -4 * L`` (multilabel)    cell of the count
+counting: ``torch.bincount`` (reads the input's      ``scatter_add_`` into a fixed number of cells plus the dropped
+max on CUDA; multilabel filters with a boolean       one (upstream's mesh ``_bincount`` in deterministic mode, on
+mask first)                                          MPS and with XLA, as upstream); plain ``torch.bincount`` where
+                                                     reads are free
+``self.confmat += confmat``                          ``add_``: in place, as stock, so a captured CUDA graph replays
+                                                     into the metric's own tensor
+``normalize``: ``confmat[isnan(confmat)] = 0`` and   ``masked_fill``; the warning is read at once where reads are
+a warning with the count of NaN cells                free (stock's message), otherwise it is a deferred warning of
+                                                     the metric (one per offending ``compute``)
+Jaccard's macro weights: ``weights[mask] = 0``       ``masked_fill``
+==================================================  ===========================================================
+
+The functional API (``multiclass_confusion_matrix(...)``) has no metric: its validation and counting are stock's.
+
+Deliberate deviations from stock (tested in ``tests/test_confusion_matrix_parity.py``):
+
+* multiclass validation checks the documented contract, every non-ignored label in ``[0, num_classes)``, as the stat
+  scores do (stock counts distinct values; a label it lets through then fails in ``bincount``/``reshape`` with a
+  ``RuntimeError``, or lands in a wrong cell). The exception type is stock's;
+* with ``validate_args=False``, labels that are no cell of the matrix (multiclass labels outside the classes, binary
+  and multilabel values other than 0 and 1 whose cell index falls outside the matrix) are dropped: stock fails in
+  ``bincount``/``reshape`` (CPU) or hits a device assert;
+* a label pred equal to an ``ignore_index`` outside the classes predicts no class and lands in no cell (stock:
+  ``target * C + preds`` puts it into another class's cell, or fails on a negative index);
+* on the device path the NaN warning of ``normalize`` names no count (it is not read) and comes at the next eager
+  point after the ``compute`` that found the NaN.
+
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
+from torchmetrics.utilities.checks import _check_same_shape
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree.classification.stat_scores import (
+    _check_binary_values,
+    _confusion_bins,
+    _count,
+    _multiclass_stat_scores_tensor_validation,
+    _safe_divide,
+    _without_invalid,
+    normalize_logits_if_needed,
+)
+
+_FUNCTIONAL = "torchmetrics.functional.classification.confusion_matrix"
+_MODULE = "torchmetrics.classification.confusion_matrix"
+_JACCARD = "torchmetrics.functional.classification.jaccard"
+
+#: ``normalize`` divided a row or column of zeros on the device path: the count of NaN cells is not read there
+NAN_IN_NORMALIZED = _deferred.Check(
+    "confusion-matrix-nan",
+    "NaN values found in confusion matrix have been replaced with zeros.",
+    UserWarning,
+)
+
+
+@functools.cache
+def _stock(target: str) -> Any:
+    return get_original(target)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# validation
+
+
+@replaces(
+    f"{_FUNCTIONAL}._binary_confusion_matrix_tensor_validation",
+    params=("preds", "target", "ignore_index"),
+    everywhere=True,
+)
+def _binary_confusion_matrix_tensor_validation(
+    preds: Tensor, target: Tensor, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._binary_confusion_matrix_tensor_validation")(preds, target, ignore_index)
+    _check_same_shape(preds, target)
+    return _check_binary_values(metric, preds, target, ignore_index, "preds")
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multilabel_confusion_matrix_tensor_validation",
+    params=("preds", "target", "num_labels", "ignore_index"),
+    everywhere=True,
+)
+def _multilabel_confusion_matrix_tensor_validation(
+    preds: Tensor, target: Tensor, num_labels: int, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._multilabel_confusion_matrix_tensor_validation")(
+            preds, target, num_labels, ignore_index
+        )
+    _check_same_shape(preds, target)
+    if preds.shape[1] != num_labels:
+        raise ValueError(
+            "Expected both `target.shape[1]` and `preds.shape[1]` to be equal to the number of labels"
+            f" but got {preds.shape[1]} and expected {num_labels}"
+        )
+    return _check_binary_values(metric, preds, target, ignore_index, "preds")
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation",
+    params=("preds", "target", "num_classes", "ignore_index"),
+    everywhere=True,
+)
+def _multiclass_confusion_matrix_tensor_validation(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's shape checks; with the ``metric`` whose update validates, the stat scores' label check (a flag)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation")(
+            preds, target, num_classes, ignore_index
+        )
+    return _multiclass_stat_scores_tensor_validation(preds, target, num_classes, "global", ignore_index, metric=metric)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# counting
+
+
+def _binary_probabilities(preds: Tensor, kept: Tensor | None) -> Tensor:
+    """Stock's ``normalize_logits_if_needed(preds[kept], "sigmoid")`` without the boolean mask.
+
+    Stock removes the ignored entries first, so only the kept ones decide whether ``preds`` are logits. Where reads are
+    free stock's CPU test is used (NaN counts as outside [0, 1]), on the device path stock's accelerator test.
+    """
+    if kept is None:
+        return normalize_logits_if_needed(preds, "sigmoid")
+    free = _deferred.reads_are_free(preds)
+    outside = ~((preds >= 0) & (preds <= 1)) if free else (preds < 0) | (preds > 1)
+    return torch.where((outside & kept).any(), preds.sigmoid(), preds)
+
+
+def _cells(index: Tensor, dropped: Tensor | None, size: int) -> Tensor:
+    """Counts of ``index`` in ``size`` cells; entries where ``dropped`` is set land in an extra cell that is cut off."""
+    if dropped is None:
+        return _count(index, size)
+    return _count(torch.where(dropped, size, index), size + 1)[:size]
+
+
+def _binary_confusion_counts(
+    preds: Tensor, target: Tensor, threshold: float, ignore_index: int | None, labels_checked: bool
+) -> Tensor:
+    """Stock's 2x2 matrix (``bincount(target * 2 + preds)``) with fixed shapes; see the module docstring."""
+    preds, target = preds.flatten(), target.flatten()
+    kept = None if ignore_index is None else target != ignore_index
+    if preds.is_floating_point():
+        preds = _binary_probabilities(preds, kept) > threshold
+    index = (target * 2 + preds).long()
+    dropped = None if kept is None else ~kept
+    if not labels_checked:  # values other than 0 and 1 (validate_args=False) that are no cell
+        outside = (index < 0) | (index > 3)
+        dropped = outside if dropped is None else dropped | outside
+    return _cells(index, dropped, 4).view(2, 2)
+
+
+def _multilabel_confusion_counts(
+    preds: Tensor, target: Tensor, num_labels: int, threshold: float, ignore_index: int | None, labels_checked: bool
+) -> Tensor:
+    """Stock's ``(L, 2, 2)`` matrices (``bincount(2 * target + preds + 4 * label)``) with fixed shapes."""
+    if preds.is_floating_point():
+        preds = normalize_logits_if_needed(preds, "sigmoid") > threshold
+    preds = torch.movedim(preds, 1, -1).reshape(-1, num_labels)
+    target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
+    local = (2 * target + preds).long()
+    dropped = None if ignore_index is None else target == ignore_index
+    if not labels_checked:  # stock counts such values in another label's cells (or fails when past the last)
+        outside = (local < 0) | (local > 3)
+        dropped = outside if dropped is None else dropped | outside
+    index = local + 4 * torch.arange(num_labels, device=local.device)
+    return _cells(index.flatten(), None if dropped is None else dropped.flatten(), 4 * num_labels).view(
+        num_labels, 2, 2
+    )
+
+
+def _multiclass_confusion_counts(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool
+) -> Tensor:
+    """Stock's ``(C, C)`` matrix, counted as the stat scores count it (:func:`_confusion_bins`)."""
+    if preds.ndim == target.ndim + 1:
+        preds = preds.argmax(dim=1)
+    confmat, _ = _confusion_bins(preds, target, num_classes, ignore_index, labels_checked)
+    return confmat[:, :num_classes] if confmat.shape[1] != num_classes else confmat
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the metrics
+
+
+def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
+    """The checks this metric reports: one slot each, always both slots (compute groups need equal states)."""
+    if getattr(self, "validate_args", False) or getattr(self, "normalize", None) not in (None, "none"):
+        return (_deferred.INVALID_VALUES, NAN_IN_NORMALIZED)
+    return ()
+
+
+def _add_checks(self: Any) -> None:
+    _deferred.add_checks(self, _kinds(self), size=2)
+
+
+def _confmat_update(self: Any, invalid: Tensor | None, confmat: Tensor) -> None:
+    (confmat,) = _without_invalid(invalid, confmat)
+    self.confmat.add_(confmat)
+    _deferred.sweep(self)
+
+
+def _refresh_kinds(self: Any) -> None:
+    """CohenKappa, MatthewsCorrCoef and JaccardIndex call this ``__init__`` with ``validate_args=False`` and set the
+    attribute afterwards; the kinds follow the attribute (a tuple comparison per update).
+    """
+    kinds = _kinds(self)
+    if _deferred.kinds_of(self) != kinds:
+        if _deferred.counters_of(self) is None:  # made before the patch
+            _add_checks(self)
+            setattr(self, _deferred.STATE, _deferred.counters_of(self).to(self.confmat.device))
+        object.__setattr__(self, _deferred.KINDS, kinds)
+
+
+def _labels_checked(self: Any, target: Tensor) -> bool:
+    """Whether this update's validation has read the labels (so the counting needs no masks for invalid ones)."""
+    return self.validate_args and _deferred.reads_are_free(target)
+
+
+@replaces(
+    f"{_MODULE}.BinaryConfusionMatrix.__init__",
+    params=("self", "threshold", "ignore_index", "normalize", "validate_args", "kwargs"),
+)
+def _binary_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.BinaryConfusionMatrix.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(
+    f"{_MODULE}.MulticlassConfusionMatrix.__init__",
+    params=("self", "num_classes", "ignore_index", "normalize", "validate_args", "kwargs"),
+)
+def _multiclass_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.MulticlassConfusionMatrix.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(
+    f"{_MODULE}.MultilabelConfusionMatrix.__init__",
+    params=("self", "num_labels", "threshold", "ignore_index", "normalize", "validate_args", "kwargs"),
+)
+def _multilabel_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.MultilabelConfusionMatrix.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(f"{_MODULE}.BinaryConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
+def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _refresh_kinds(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _binary_confusion_matrix_tensor_validation(preds, target, self.ignore_index, metric=self)
+    confmat = _binary_confusion_counts(preds, target, self.threshold, self.ignore_index, _labels_checked(self, target))
+    _confmat_update(self, invalid, confmat)
+
+
+@replaces(f"{_MODULE}.MulticlassConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
+def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _refresh_kinds(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _multiclass_confusion_matrix_tensor_validation(
+            preds, target, self.num_classes, self.ignore_index, metric=self
+        )
+    confmat = _multiclass_confusion_counts(
+        preds, target, self.num_classes, self.ignore_index, _labels_checked(self, target)
+    )
+    _confmat_update(self, invalid, confmat)
+
+
+@replaces(f"{_MODULE}.MultilabelConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
+def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _refresh_kinds(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _multilabel_confusion_matrix_tensor_validation(
+            preds, target, self.num_labels, self.ignore_index, metric=self
+        )
+    confmat = _multilabel_confusion_counts(
+        preds, target, self.num_labels, self.threshold, self.ignore_index, _labels_checked(self, target)
+    )
+    _confmat_update(self, invalid, confmat)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# reductions (compute)
+
+
+@replaces(f"{_FUNCTIONAL}._confusion_matrix_reduce", params=("confmat", "normalize"), everywhere=True)
+def _confusion_matrix_reduce(confmat: Tensor, normalize: str | None = None, metric: Any = None) -> Tensor:
+    """Stock's normalization with ``masked_fill`` for NaN cells.
+
+    The NaN warning is read at once (stock's message with the count) where reads are free or without a ``metric``
+    (the functional API); otherwise it is a deferred warning of ``metric``, reported at its next eager point.
+    """
+    allowed_normalize = ("true", "pred", "all", "none", None)
+    if normalize not in allowed_normalize:
+        raise ValueError(f"Argument `normalize` needs to one of the following: {allowed_normalize}")
+    if normalize is None or normalize == "none":
+        return confmat
+    confmat = confmat if confmat.is_floating_point() else confmat.float()
+    if normalize == "true":
+        confmat = confmat / confmat.sum(dim=-1, keepdim=True)
+    elif normalize == "pred":
+        confmat = confmat / confmat.sum(dim=-2, keepdim=True)
+    else:
+        confmat = confmat / confmat.sum(dim=[-2, -1], keepdim=True)
+    nan = torch.isnan(confmat)
+    if metric is None or _deferred.reads_are_free(confmat):
+        nan_elements = int(nan.sum())
+        if nan_elements:
+            rank_zero_warn(f"{nan_elements} NaN values found in confusion matrix have been replaced with zeros.")
+    else:
+        _refresh_kinds(metric)
+        _deferred.record(metric, NAN_IN_NORMALIZED, nan.any())
+    return confmat.masked_fill(nan, 0)
+
+
+@replaces(f"{_MODULE}.BinaryConfusionMatrix.compute", params=("self",), kind="metric_method")
+@replaces(f"{_MODULE}.MulticlassConfusionMatrix.compute", params=("self",), kind="metric_method")
+@replaces(f"{_MODULE}.MultilabelConfusionMatrix.compute", params=("self",), kind="metric_method")
+def _confusion_matrix_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` (the three tasks share it), with the metric that reports the NaN warning."""
+    return _confusion_matrix_reduce(self.confmat, self.normalize, metric=self)
+
+
+@replaces(
+    f"{_JACCARD}._jaccard_index_reduce", params=("confmat", "average", "ignore_index", "zero_division"), everywhere=True
+)
+def _jaccard_index_reduce(
+    confmat: Tensor, average: str | None, ignore_index: int | None = None, zero_division: float = 0.0
+) -> Tensor:
+    """Stock's reduction with ``masked_fill`` for the macro weights of classes that never occur."""
+    if average != "macro" or confmat.ndim == 3:  # nothing there writes through a boolean mask
+        return _stock(f"{_JACCARD}._jaccard_index_reduce")(confmat, average, ignore_index, zero_division)
+    confmat = confmat.float()
+    ignore_index_cond = ignore_index is not None and 0 <= ignore_index < confmat.shape[0]
+    num = torch.diag(confmat)
+    denom = confmat.sum(0) + confmat.sum(1) - num
+    jaccard = _safe_divide(num, denom, zero_division=zero_division)
+    weights = torch.ones_like(jaccard)
+    if ignore_index_cond:
+        weights[ignore_index] = 0.0
+    weights = weights.masked_fill(confmat.sum(1) + confmat.sum(0) == 0, 0.0)
+    return ((weights * jaccard) / weights.sum()).sum()
