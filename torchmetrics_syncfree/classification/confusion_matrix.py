@@ -229,8 +229,10 @@ def _confmat_update(self: Any, invalid: Tensor | None, confmat: Tensor) -> None:
 
 
 def _refresh_kinds(self: Any) -> None:
-    """CohenKappa, MatthewsCorrCoef and JaccardIndex call this ``__init__`` with ``validate_args=False`` and set the
-    attribute afterwards; the kinds follow the attribute (a tuple comparison per update).
+    """Keep the reported kinds in step with ``validate_args`` (a tuple comparison per update).
+
+    CohenKappa, MatthewsCorrCoef and JaccardIndex call the confusion matrix's ``__init__`` with
+    ``validate_args=False`` and set the attribute afterwards.
     """
     kinds = _kinds(self)
     if _deferred.kinds_of(self) != kinds:
