@@ -350,7 +350,15 @@ def test_patched_targets_show_stock_docstring_signature_and_help(target):
 def _example_metrics() -> list[Any]:
     """One metric of each family whose methods the registry patches."""
     from torchmetrics.aggregation import CatMetric, MaxMetric, MinMetric
-    from torchmetrics.classification import BinaryStatScores, MulticlassStatScores, MultilabelStatScores
+    from torchmetrics.classification import (
+        BinaryConfusionMatrix,
+        BinaryStatScores,
+        MulticlassCohenKappa,
+        MulticlassConfusionMatrix,
+        MulticlassStatScores,
+        MultilabelConfusionMatrix,
+        MultilabelStatScores,
+    )
 
     return [
         MeanMetric(),
@@ -361,6 +369,10 @@ def _example_metrics() -> list[Any]:
         BinaryStatScores(),
         MulticlassStatScores(num_classes=3),
         MultilabelStatScores(num_labels=3),
+        BinaryConfusionMatrix(),
+        MulticlassConfusionMatrix(num_classes=3),
+        MultilabelConfusionMatrix(num_labels=3),
+        MulticlassCohenKappa(num_classes=3),  # its own compute and __init__, the confusion matrix's update
     ]
 
 

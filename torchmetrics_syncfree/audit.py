@@ -192,6 +192,14 @@ CALL_TEXT = {
 # ----------------------------------------------------------------------------------------------- the catalogue
 
 
+#: modules of the metrics built on ``*ConfusionMatrix``, whose update the ``confusion_matrix`` area patches (and the
+#: compute too, except MatthewsCorrCoef's: not patched yet)
+_CONFUSION_MATRIX_MODULES = {
+    f"torchmetrics.classification.{name}"
+    for name in ("confusion_matrix", "cohen_kappa", "jaccard", "matthews_corrcoef")
+}
+
+
 @dataclass(frozen=True)
 class Config:
     """One audited configuration: a metric specification and the kind of input it is updated with."""
@@ -208,6 +216,8 @@ class Config:
     def area(self) -> str:
         """The patch area (see :func:`torchmetrics_syncfree._registry.register_area`) that covers this metric."""
         module = parse_spec(self.spec)[0].__module__
+        if module in _CONFUSION_MATRIX_MODULES:
+            return "confusion_matrix"
         for area in ("aggregation", "classification", "regression"):
             if module.startswith(f"torchmetrics.{area}"):
                 return area
@@ -249,6 +259,15 @@ def catalogue() -> list[Config]:
     for average in ("micro", "macro"):
         configs.append(Config(f"Accuracy(task='multilabel', num_labels={NUM_LABELS}, average={average!r})"))
     configs.append(Config(f"F1Score(task='multilabel', num_labels={NUM_LABELS}, average='macro')"))
+    configs.append(Config("ConfusionMatrix(task='binary')"))
+    for normalize in (None, "true"):
+        configs.append(
+            Config(f"ConfusionMatrix(task='multiclass', num_classes={NUM_CLASSES}, normalize={normalize!r})")
+        )
+    configs.append(Config(f"ConfusionMatrix(task='multilabel', num_labels={NUM_LABELS})"))
+    configs.append(Config(f"CohenKappa(task='multiclass', num_classes={NUM_CLASSES})"))
+    configs.append(Config(f"JaccardIndex(task='multiclass', num_classes={NUM_CLASSES}, average='macro')"))
+    configs.append(Config(f"MatthewsCorrCoef(task='multiclass', num_classes={NUM_CLASSES})"))
     configs += [Config(f"{name}()") for name in ("MeanSquaredError", "MeanAbsoluteError", "R2Score")]
     return configs
 
