@@ -42,7 +42,9 @@ def _break_reasons(metric: Any, args: tuple, kwargs: dict) -> list[str]:
 
 
 PATCHED_CONFIGS = [
-    config for config in catalogue() if config.area in ("aggregation", "classification", "confusion_matrix") and config.inputs != "float"
+    config
+    for config in catalogue()
+    if config.area in ("aggregation", "classification", "confusion_matrix") and config.inputs != "float"
 ]
 
 

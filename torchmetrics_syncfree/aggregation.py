@@ -35,6 +35,7 @@ its list state and leaves it out of ``compute()``.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -169,7 +170,9 @@ def _cast_and_nan_check_input(
     return x.to(self.dtype), weight.to(self.dtype)
 
 
+@functools.cache
 def _original(name: str) -> Callable[..., Any]:
+    """The original aggregation attribute (cached: originals never change)."""
     from torchmetrics_syncfree._registry import get_original
 
     return get_original(f"{_MODULE}.{name}")

@@ -34,6 +34,7 @@ previous value back.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
@@ -48,7 +49,9 @@ _METRIC = "torchmetrics.metric.Metric"
 declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, area="metric")
 
 
+@functools.cache
 def _original(name: str) -> Callable[..., Any]:
+    """The original ``Metric`` attribute (cached: ``get_original`` loads the areas, which costs ~40 us a call)."""
     return get_original(f"{_METRIC}.{name}")
 
 
