@@ -60,6 +60,13 @@ SIZED: tuple[tuple[Config, int], ...] = (
     ),
     (Config("Accuracy(task='binary')"), 1024),
     (Config("F1Score(task='multilabel', num_labels=100, average='macro')"), 256),
+    # the confusion-matrix family (issue 10): its update is shared by CohenKappa, MatthewsCorrCoef and JaccardIndex
+    *(
+        (Config(f"{name}(task='multiclass', num_classes={classes})"), batch)
+        for name in ("ConfusionMatrix", "JaccardIndex")
+        for classes in (10, 1000)
+        for batch in (32, 256)
+    ),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000
