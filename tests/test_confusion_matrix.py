@@ -273,3 +273,69 @@ def test_update_traces_without_a_graph_break(task: str) -> None:
         explanation = torch._dynamo.explain(lambda p, t: metric.update(p, t))(preds, target)
     torch._dynamo.reset()
     assert [str(r.reason).split("\n")[0] for r in explanation.break_reasons] == []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the check counters through a metric's life (device path, a copy that never arrives before an eager point)
+
+
+def _with_pending_error() -> Any:
+    metric = torchmetrics.JaccardIndex(task="multiclass", num_classes=3)  # validate_args set after the base __init__
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        metric.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
+        metric.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
+    assert pending_checks(metric) == 1
+    return metric
+
+
+@pytest.mark.parametrize("duplicate", ["deepcopy", "clone", "pickle"])
+def test_copies_carry_the_pending_error(syncfree: Any, duplicate: str) -> None:
+    import copy
+    import pickle
+
+    metric = _with_pending_error()
+    twin = {
+        "deepcopy": copy.deepcopy,
+        "clone": lambda m: m.clone(),
+        "pickle": lambda m: pickle.loads(pickle.dumps(m)),
+    }[duplicate](metric)
+    with _deferred.simulated_copy_delay(None), SyncProbe(), pytest.raises(RuntimeError, match="not valid"):
+        twin.compute()
+
+
+def test_reset_reports_the_pending_error_and_the_next_epoch_starts_clean(syncfree: Any) -> None:
+    metric = _with_pending_error()
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        with pytest.raises(RuntimeError, match="not valid"):
+            metric.reset()
+        metric.update(torch.tensor([2, 1]), torch.tensor([2, 1]))
+        torch.testing.assert_close(metric.compute(), torch.tensor(1.0))  # only the new epoch counts: all correct
+    assert int(metric.confmat.sum()) == 2
+
+
+def test_every_compute_group_member_reports_the_error(syncfree: Any) -> None:
+    collection = torchmetrics.MetricCollection(
+        {
+            "confmat": torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3),
+            "jaccard": torchmetrics.JaccardIndex(task="multiclass", num_classes=3),
+            "kappa": torchmetrics.CohenKappa(task="multiclass", num_classes=3),
+        },
+        compute_groups=True,
+    )
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        collection.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
+        collection.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
+        assert len(collection.compute_groups) == 1
+        for name in ("confmat", "jaccard", "kappa"):
+            with pytest.raises(RuntimeError, match="not valid"):
+                collection[name].compute()
+            collection[name].reset()
+
+
+def test_an_error_in_forward_keeps_the_accumulated_state(syncfree: Any) -> None:
+    metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3)
+    with SyncProbe():  # the simulated copy arrives: forward reports at its end
+        metric(torch.tensor([0, 1]), torch.tensor([0, 1]))
+        with pytest.raises(RuntimeError, match="not valid"):
+            metric(torch.tensor([0, 1]), torch.tensor([0, 7]))
+        assert int(metric.compute().sum()) == 2
