@@ -114,8 +114,6 @@ def test_stock_classification_counts_match_the_probe():
 #: Configurations whose patched forward() returns a value whose shape depends on the data (CatMetric drops the NaN
 #: entries of the batch it returns), so that forward has to read the device; update() stays sync-free.
 KNOWN_FORWARD_SYNCS = {f"CatMetric(nan_strategy={strategy!r}) update(x)": 1 for strategy in ("error", "warn", "ignore")}
-#: MatthewsCorrCoef's compute (``elif denom == 0`` and friends) is not patched yet: forward computes the batch
-KNOWN_FORWARD_SYNCS[f"MatthewsCorrCoef(task='multiclass', num_classes={audit.NUM_CLASSES})"] = 2
 
 
 def _catalogue_params():

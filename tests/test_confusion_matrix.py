@@ -3,6 +3,9 @@ patched paths, sync-free update/forward (and compute where it is patched), valid
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import itertools
 import warnings
 from typing import Any
 
@@ -32,8 +35,6 @@ FAMILY: list[tuple[str, str, dict[str, Any]]] = [
         for a in ("micro", "macro", "weighted", "none")
     ],
 ]
-#: MatthewsCorrCoef's compute (``if denom == 0`` and friends) is not patched yet: its forward still reads
-COMPUTE_PATCHED = {"ConfusionMatrix", "CohenKappa", "JaccardIndex"}
 
 
 def _make(name: str, task: str, extra: dict[str, Any], ignore_index: int | None, **kwargs: Any) -> Any:
@@ -67,8 +68,14 @@ def _quiet_nan_warnings() -> Any:
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ["ConfusionMatrix", "CohenKappa", "MatthewsCorrCoef", "JaccardIndex"])
 def test_parity_with_stock(name: str, path: str) -> None:
-    """forward() per batch and compute(): identical values, dtypes and shapes, every task and ignore_index."""
-    parity(_cases(name), path=path)
+    """forward() per batch and compute(): identical values, dtypes and shapes, every task and ignore_index (stock's
+    int64 shortcuts of MatthewsCorrCoef are float32: the documented deviation)."""
+    parity(_cases(name), path=path, documented=_float_matthews if name == "MatthewsCorrCoef" else None)
+
+
+def _float_matthews(value: Tensor) -> Tensor:
+    """The patched MatthewsCorrCoef's value for stock's: always float32 (stock's shortcuts return int64)."""
+    return value.float()
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -83,7 +90,7 @@ def test_parity_deterministic_mode(path: str) -> None:
 
 @pytest.mark.parametrize(("name", "task", "extra"), FAMILY, ids=[_label(*f, None) for f in FAMILY])
 def test_update_and_forward_are_sync_free(syncfree: Any, name: str, task: str, extra: dict) -> None:
-    """0 would-be syncs on the device path: update, forward (and compute where the metric's compute is patched)."""
+    """0 would-be syncs on the device path: update, then forward and compute."""
     ignore_index = IGNORE[task][-1]
     data = batches(task, ignore_index, seed=3)
     metric = _make(name, task, extra, ignore_index)
@@ -91,12 +98,11 @@ def test_update_and_forward_are_sync_free(syncfree: Any, name: str, task: str, e
         for preds, target in data[:3]:
             metric.update(preds, target)
     assert probe.count == 0, probe.events
-    if name in COMPUTE_PATCHED:
-        with SyncProbe() as probe:
-            for preds, target in data[3:]:
-                metric(preds, target)
-            metric.compute()
-        assert probe.count == 0, probe.events
+    with SyncProbe() as probe:
+        for preds, target in data[3:]:
+            metric(preds, target)
+        metric.compute()
+    assert probe.count == 0, probe.events
 
 
 def test_stock_syncs_are_seen() -> None:
@@ -339,3 +345,50 @@ def test_an_error_in_forward_keeps_the_accumulated_state(syncfree: Any) -> None:
         with pytest.raises(RuntimeError, match="not valid"):
             metric(torch.tensor([0, 1]), torch.tensor([0, 7]))
         assert int(metric.compute().sum()) == 2
+
+
+def _matthews_matrices() -> list[Tensor]:
+    """Every branch of stock's reduction: all 2x2 matrices with cells in {0, 1, 3, 7} (perfect, inverted, each zero
+    denominator case), multiclass matrices with empty rows and columns, and counts past float32's exact integers."""
+    gen = torch.Generator().manual_seed(7)
+    binary = [torch.tensor(cells).view(2, 2) for cells in itertools.product([0, 1, 3, 7], repeat=4)]
+    sparse = [
+        torch.randint(0, 4, (n, n), generator=gen) * (torch.rand(n, n, generator=gen) < 0.3)
+        for n in (3, NUM_CLASSES)
+        for _ in range(40)
+    ]
+    large = [torch.randint(0, 10**8, (n, n), generator=gen) for n in (2, 5) for _ in range(20)]
+    return binary + sparse + [torch.zeros(3, 3, dtype=torch.long), torch.eye(3, dtype=torch.long)] + large
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matthews_reduction_gives_stocks_value_in_every_branch(path: str) -> None:
+    """Stock's value for every matrix, always as float32 (the documented deviation: stock returns its int64 shortcuts
+    ``tensor(1)``/``tensor(-1)``, on 1.6 also ``tensor(0)``), with no would-be sync on the device path."""
+    module = importlib.import_module("torchmetrics.functional.classification.matthews_corrcoef")
+    matrices = _matthews_matrices()
+    stock = [module._matthews_corrcoef_reduce(confmat) for confmat in matrices]
+    assert {value.dtype for value in stock} == {torch.float32, torch.int64}  # the shortcuts are among the cases
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext() as probe:
+        patched = [module._matthews_corrcoef_reduce(confmat) for confmat in matrices]
+    assert probe is None or probe.count == 0, probe.events
+    for confmat, s, p in zip(matrices, stock, patched):
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p, s.float(), rtol=0, atol=0, msg=lambda m, c=confmat: f"{c.tolist()}: {m}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("task", ["binary", "multilabel"])
+def test_matthews_perfect_and_inverted_predictions_are_float(path: str, task: str) -> None:
+    """The deviation as users meet it: stock's coefficient of perfect (inverted) predictions is ``tensor(1)``
+    (``tensor(-1)``) of dtype int64, unlike every other value of the metric; the patched one is float32."""
+    target = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 1]])
+    if task == "binary":
+        target = target[0]
+    kwargs = {"num_labels": 4} if task == "multilabel" else {}
+    for preds, expected in ((target, 1.0), (1 - target, -1.0)):
+        stock = torchmetrics.MatthewsCorrCoef(task=task, **kwargs)(preds, target)
+        assert (stock.dtype, float(stock)) == (torch.int64, expected)
+        with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+            patched = torchmetrics.MatthewsCorrCoef(task=task, **kwargs)(preds, target)
+        assert (patched.dtype, float(patched)) == (torch.float32, expected)

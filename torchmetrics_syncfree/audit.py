@@ -192,8 +192,7 @@ CALL_TEXT = {
 # ----------------------------------------------------------------------------------------------- the catalogue
 
 
-#: modules of the metrics built on ``*ConfusionMatrix``, whose update the ``confusion_matrix`` area patches (and the
-#: compute too, except MatthewsCorrCoef's: not patched yet)
+#: modules of the metrics built on ``*ConfusionMatrix``, whose update and compute the ``confusion_matrix`` area patches
 _CONFUSION_MATRIX_MODULES = {
     f"torchmetrics.classification.{name}"
     for name in ("confusion_matrix", "cohen_kappa", "jaccard", "matthews_corrcoef")

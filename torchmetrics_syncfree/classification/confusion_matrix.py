@@ -23,11 +23,13 @@ mask first)                                          MPS and with XLA, as upstre
 a warning with the count of NaN cells                free (stock's message), otherwise it is a deferred warning of
                                                      the metric (one per offending ``compute``)
 Jaccard's macro weights: ``weights[mask] = 0``       ``masked_fill``
+MatthewsCorrCoef: ``if tp + tn != 0 and ...``,       every branch computed, stock's selected with ``torch.where``;
+``if denom == 0`` and four zero-denominator cases    always float32 (stock: int64 ``tensor(1)``/``tensor(-1)``)
 ==================================================  ===========================================================
 
 The functional API (``multiclass_confusion_matrix(...)``) has no metric: its validation and counting are stock's.
 
-Deliberate deviations from stock (tested in ``tests/test_confusion_matrix_parity.py``):
+Deliberate deviations from stock (tested in ``tests/test_confusion_matrix.py``):
 
 * multiclass validation checks the documented contract, every non-ignored label in ``[0, num_classes)``, as the stat
   scores do (stock counts distinct values; a label it lets through then fails in ``bincount``/``reshape`` with a
@@ -37,6 +39,8 @@ Deliberate deviations from stock (tested in ``tests/test_confusion_matrix_parity
   ``bincount``/``reshape`` (CPU) or hits a device assert;
 * a label pred equal to an ``ignore_index`` outside the classes predicts no class and lands in no cell (stock:
   ``target * C + preds`` puts it into another class's cell, or fails on a negative index);
+* MatthewsCorrCoef's value is always float32: stock returns its shortcuts in the matrix's dtype (int64 ``tensor(1)``
+  for a perfect binary matrix, ``tensor(-1)`` for an inverted one, on 1.6 ``tensor(0)`` for a zero denominator);
 * on the device path the NaN warning of ``normalize`` names no count (it is not read) and comes at the next eager
   point after the ``compute`` that found the NaN.
 
@@ -48,6 +52,7 @@ import functools
 from typing import Any
 
 import torch
+from lightning_utilities.core.imports import RequirementCache
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
@@ -67,6 +72,9 @@ from torchmetrics_syncfree.classification.stat_scores import (
 _FUNCTIONAL = "torchmetrics.functional.classification.confusion_matrix"
 _MODULE = "torchmetrics.classification.confusion_matrix"
 _JACCARD = "torchmetrics.functional.classification.jaccard"
+_MATTHEWS = "torchmetrics.functional.classification.matthews_corrcoef"
+#: torchmetrics 1.6 sums the matrix's counts in their integer dtype and converts the sums; 1.7+ converts the cells
+_SUMS_BEFORE_FLOAT = not RequirementCache("torchmetrics>=1.7.0")
 
 #: ``normalize`` divided a row or column of zeros on the device path: the count of NaN cells is not read there
 NAN_IN_NORMALIZED = _deferred.Check(
@@ -376,3 +384,70 @@ def _jaccard_index_reduce(
         weights[ignore_index] = 0.0
     weights = weights.masked_fill(confmat.sum(1) + confmat.sum(0) == 0, 0.0)
     return ((weights * jaccard) / weights.sum()).sum()
+
+
+def _first_match(cases: list[tuple[Tensor, Tensor]], otherwise: Tensor) -> Tensor:
+    """``if c0: v0 elif c1: v1 ... else: otherwise`` on the device: a chain of ``torch.where``."""
+    result = otherwise
+    for condition, value in reversed(cases):
+        result = torch.where(condition, value, result)
+    return result
+
+
+def _binary_matthews_special_cases(confmat: Tensor, numerator: Tensor, denom: Tensor) -> Tensor:
+    """Stock's 2x2 branches, selected with ``torch.where`` instead of ``if``.
+
+    Every branch (``if tp + tn != 0 and fp + fn == 0: return 1.0`` ... ``if denom == 0: ...``) is computed with
+    stock's expression; the one stock takes is kept.
+    """
+    tn, fp, fn, tp = confmat.reshape(-1)
+    eps = torch.full((), torch.finfo(torch.float32).eps, dtype=torch.float32, device=confmat.device)
+    zero_denom = (tp + fp + eps) * (tp + fn + eps) * (tn + fp + eps) * (tn + fn + eps)
+    zero_denom_value = _first_match(
+        [
+            (condition, branch_numerator / torch.sqrt(zero_denom))
+            for condition, branch_numerator in (
+                ((fn == 0) & (tn == 0), torch.sqrt(eps) * (tp - fp)),
+                ((fp == 0) & (tn == 0), torch.sqrt(eps) * (tp - fn)),
+                ((tp == 0) & (fn == 0), torch.sqrt(eps) * (tn - fp)),
+                ((tp == 0) & (fp == 0), torch.sqrt(eps) * (tn - fn)),
+                # unreachable in exact arithmetic (the four cases above are every way a 2x2 denominator is 0); kept
+                # for float32 products that round to 0, as stock keeps them
+                (tp == 0, tn - fp * fn),
+                (tn == 0, tp - fp * fn),
+                ((fp == 0) | (fn == 0), tp * tn),
+            )
+        ],
+        torch.zeros_like(eps),
+    )
+    return _first_match(
+        [
+            ((tp + tn != 0) & (fp + fn == 0), torch.ones_like(eps)),
+            ((tp + tn == 0) & (fp + fn != 0), -torch.ones_like(eps)),
+            (denom == 0, zero_denom_value),
+        ],
+        numerator / torch.sqrt(denom),
+    )
+
+
+@replaces(f"{_MATTHEWS}._matthews_corrcoef_reduce", params=("confmat",), everywhere=True)
+def _matthews_corrcoef_reduce(confmat: Tensor) -> Tensor:
+    """Stock's coefficient without reading the matrix: its special cases are selected on the device.
+
+    Deviation from stock: the result is always float32. Stock returns the matrix's dtype (int64 for the metrics)
+    from its shortcuts, ``tensor(1)`` for a perfect binary matrix and ``tensor(-1)`` for an inverted one (on 1.6 also
+    ``tensor(0)`` for a multiclass matrix with a zero denominator), and float32 from every other case.
+    """
+    confmat = confmat.sum(0) if confmat.ndim == 3 else confmat
+    if _SUMS_BEFORE_FLOAT:
+        tk, pk = confmat.sum(dim=-1).float(), confmat.sum(dim=-2).float()
+        c, s = torch.trace(confmat).float(), confmat.sum().float()
+    else:
+        cells = confmat.float()
+        tk, pk, c, s = cells.sum(dim=-1), cells.sum(dim=-2), torch.trace(cells), cells.sum()
+    # Python's sum, as stock: its sequential float32 additions round as stock's do for large counts
+    numerator = c * s - sum(tk * pk)
+    denom = (s**2 - sum(pk * pk)) * (s**2 - sum(tk * tk))
+    if confmat.numel() == 4:
+        return _binary_matthews_special_cases(confmat, numerator, denom)
+    return torch.where(denom == 0, 0.0, numerator / torch.sqrt(denom))
