@@ -147,6 +147,8 @@ def test_the_catalogue_covers_the_issue():
         "aggregation",
         "classification",
         "confusion_matrix",
+        "hinge",
+        "exact_match",
         "regression",
     }
 

@@ -352,11 +352,15 @@ def _example_metrics() -> list[Any]:
     from torchmetrics.aggregation import CatMetric, MaxMetric, MinMetric
     from torchmetrics.classification import (
         BinaryConfusionMatrix,
+        BinaryHingeLoss,
         BinaryStatScores,
         MulticlassCohenKappa,
         MulticlassConfusionMatrix,
+        MulticlassExactMatch,
+        MulticlassHingeLoss,
         MulticlassStatScores,
         MultilabelConfusionMatrix,
+        MultilabelExactMatch,
         MultilabelStatScores,
     )
 
@@ -373,6 +377,10 @@ def _example_metrics() -> list[Any]:
         MulticlassConfusionMatrix(num_classes=3),
         MultilabelConfusionMatrix(num_labels=3),
         MulticlassCohenKappa(num_classes=3),  # its own compute and __init__, the confusion matrix's update
+        BinaryHingeLoss(),
+        MulticlassHingeLoss(num_classes=3),
+        MulticlassExactMatch(num_classes=3),
+        MultilabelExactMatch(num_labels=3),
     ]
 
 

@@ -40,6 +40,8 @@ register_area("classification", "torchmetrics_syncfree.classification", requires
 register_area(
     "confusion_matrix", "torchmetrics_syncfree.classification.confusion_matrix", requires=("metric", "classification")
 )
+register_area("hinge", "torchmetrics_syncfree.classification.hinge", requires=("metric", "confusion_matrix"))
+register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
 
 __all__ = [
     "FORCE_ENV_VAR",

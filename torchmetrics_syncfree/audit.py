@@ -53,6 +53,8 @@ NAMESPACES = (
 BATCH = 32
 NUM_CLASSES = 5
 NUM_LABELS = 4
+#: positions per sample of the multiclass sequence inputs (ExactMatch)
+SEQUENCE = 4
 
 
 # ----------------------------------------------------------------------------------------------- specifications
@@ -130,6 +132,8 @@ def _family(metric: Any) -> str:
     if isinstance(metric, BaseAggregator):
         return "vector"
     name = type(metric).__name__
+    if name == "MulticlassExactMatch":  # a match is a whole sequence of labels: target (N, T)
+        return "sequence"
     for prefix in ("Binary", "Multiclass", "Multilabel"):
         if name.startswith(prefix):
             return prefix.lower()
@@ -168,6 +172,9 @@ def make_inputs(
     if kind == "multiclass":
         classes = int(metric.num_classes)
         return (rand(batch, classes).softmax(-1), randint(classes, batch)), {}
+    if kind == "sequence":
+        classes = int(metric.num_classes)
+        return (rand(batch, classes, SEQUENCE).softmax(1), randint(classes, batch, SEQUENCE)), {}
     if kind == "multilabel":
         labels = int(metric.num_labels)
         return (rand(batch, labels), randint(2, batch, labels)), {}
@@ -185,6 +192,7 @@ CALL_TEXT = {
     "binary": "update(preds, target)",
     "multiclass": "update(preds, target)",
     "multilabel": "update(preds, target)",
+    "sequence": "update(preds, target)",
     "regression": "update(preds, target)",
 }
 
@@ -197,6 +205,10 @@ _CONFUSION_MATRIX_MODULES = {
     f"torchmetrics.classification.{name}"
     for name in ("confusion_matrix", "cohen_kappa", "jaccard", "matthews_corrcoef")
 }
+
+
+#: modules of classification metrics that are a patch area of their own, named as the module
+_OWN_AREA_MODULES = {f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match")}
 
 
 @dataclass(frozen=True)
@@ -217,6 +229,8 @@ class Config:
         module = parse_spec(self.spec)[0].__module__
         if module in _CONFUSION_MATRIX_MODULES:
             return "confusion_matrix"
+        if module in _OWN_AREA_MODULES:
+            return module.rsplit(".", 1)[-1]
         for area in ("aggregation", "classification", "regression"):
             if module.startswith(f"torchmetrics.{area}"):
                 return area
@@ -267,6 +281,11 @@ def catalogue() -> list[Config]:
     configs.append(Config(f"CohenKappa(task='multiclass', num_classes={NUM_CLASSES})"))
     configs.append(Config(f"JaccardIndex(task='multiclass', num_classes={NUM_CLASSES}, average='macro')"))
     configs.append(Config(f"MatthewsCorrCoef(task='multiclass', num_classes={NUM_CLASSES})"))
+    configs.append(Config("HingeLoss(task='binary')"))
+    for mode in ("crammer-singer", "one-vs-all"):
+        configs.append(Config(f"HingeLoss(task='multiclass', num_classes={NUM_CLASSES}, multiclass_mode={mode!r})"))
+    configs.append(Config(f"ExactMatch(task='multiclass', num_classes={NUM_CLASSES})"))
+    configs.append(Config(f"ExactMatch(task='multilabel', num_labels={NUM_LABELS})"))
     configs += [Config(f"{name}()") for name in ("MeanSquaredError", "MeanAbsoluteError", "R2Score")]
     return configs
 

@@ -150,17 +150,19 @@ def _multiclass_confusion_matrix_tensor_validation(
 # counting
 
 
-def _binary_probabilities(preds: Tensor, kept: Tensor | None) -> Tensor:
-    """Stock's ``normalize_logits_if_needed(preds[kept], "sigmoid")`` without the boolean mask.
+def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Tensor:
+    """Stock's ``normalize_logits_if_needed(preds[kept], normalization)`` without the boolean mask.
 
-    Stock removes the ignored entries first, so only the kept ones decide whether ``preds`` are logits. Where reads are
-    free stock's CPU test is used (NaN counts as outside [0, 1]), on the device path stock's accelerator test.
+    Stock removes the ignored entries (``kept``: a mask that broadcasts to ``preds``) first, so only the kept ones
+    decide whether ``preds`` are logits. Where reads are free stock's CPU test is used (NaN counts as outside [0, 1]),
+    on the device path stock's accelerator test.
     """
     if kept is None:
-        return normalize_logits_if_needed(preds, "sigmoid")
+        return normalize_logits_if_needed(preds, normalization)
     free = _deferred.reads_are_free(preds)
     outside = ~((preds >= 0) & (preds <= 1)) if free else (preds < 0) | (preds > 1)
-    return torch.where((outside & kept).any(), preds.sigmoid(), preds)
+    normalized = preds.sigmoid() if normalization == "sigmoid" else preds.softmax(dim=1)
+    return torch.where((outside & kept).any(), normalized, preds)
 
 
 def _cells(index: Tensor, dropped: Tensor | None, size: int) -> Tensor:
@@ -177,7 +179,7 @@ def _binary_confusion_counts(
     preds, target = preds.flatten(), target.flatten()
     kept = None if ignore_index is None else target != ignore_index
     if preds.is_floating_point():
-        preds = _binary_probabilities(preds, kept) > threshold
+        preds = _probabilities(preds, kept, "sigmoid") > threshold
     index = (target * 2 + preds).long()
     dropped = None if kept is None else ~kept
     if not labels_checked:  # values other than 0 and 1 (validate_args=False) that are no cell

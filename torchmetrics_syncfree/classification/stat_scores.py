@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassStatScores
 from torchmetrics.functional.classification.stat_scores import (
     _binary_stat_scores_update,
     _multiclass_stat_scores_format,
@@ -292,6 +293,8 @@ def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: in
     return (
         ignore_index is None
         and multidim_average == "global"
+        # only these count with the checked bincount; other metrics validating this way (HingeLoss) do not
+        and isinstance(metric, (MulticlassStatScores, MulticlassConfusionMatrix))
         and getattr(metric, "top_k", 1) == 1  # a confusion-matrix metric has neither: it always counts this way
         and getattr(metric, "average", None) != "micro"
         and not _mesh_counting()
@@ -702,14 +705,20 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _deferred.sweep(self)
 
 
-@replaces(_MULTILABEL_UPDATE, params=("self", "preds", "target"), kind="metric_method")
-def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
+def _validated_multilabel(self: Any, preds: Tensor, target: Tensor) -> tuple[Tensor | None, Tensor, Tensor]:
+    """A multilabel update's validation (its device flag, or ``None``) and formatted inputs (ExactMatch's too)."""
     invalid = None
     if self.validate_args:
         invalid = _multilabel_stat_scores_tensor_validation(
             preds, target, self.num_labels, self.multidim_average, self.ignore_index, metric=self
         )
     preds, target = _multilabel_stat_scores_format(preds, target, self.num_labels, self.threshold, self.ignore_index)
+    return invalid, preds, target
+
+
+@replaces(_MULTILABEL_UPDATE, params=("self", "preds", "target"), kind="metric_method")
+def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    invalid, preds, target = _validated_multilabel(self, preds, target)
     tp, fp, tn, fn = _multilabel_stat_scores_update(preds, target, self.multidim_average)
     self._update_state(*_without_invalid(invalid, tp, fp, tn, fn))
     _deferred.sweep(self)

@@ -1,0 +1,151 @@
+"""Sync-free ``torchmetrics.classification.exact_match``: MulticlassExactMatch and MultilabelExactMatch.
+
+==================================================  ===========================================================
+stock                                                sync-free
+==================================================  ===========================================================
+``validate_args``: the stat scores' validation,      the stat scores' device flag, a deferred check of the metric
+called without the metric (``torch.unique`` +        (raised at once on CPU, reported at an eager point on the
+``if ...:``)                                         device path, the invalid batch left out of the state)
+``preds[target == ignore_index] = ignore_index``     ``masked_fill`` (multiclass)
+``torch.tensor(preds.shape[0], device=...)``         ``torch.full``: no host-to-device copy
+``self.correct += correct``                          ``add_``: in place, as stock
+==================================================  ===========================================================
+
+The functional ``_multiclass_exact_match_update``/``_multilabel_exact_match_update`` are replaced too (the functional
+API gets the same fixed-shape counting); their results are stock's, integers, so to the bit on every path, which run
+the same code (the validation reads at once where reads are free, as stock's does).
+
+With ``validate_args=True`` a multiclass label outside ``[0, num_classes)`` is rejected (the stat scores' documented
+range check; stock's check counts distinct labels and lets it through, where it never matches).
+
+Like the samplewise stat scores, an invalid batch of a ``multidim_average="samplewise"`` metric on the device path
+still appends its rows to the list state, with zero matches (its shape is known; which rows are valid is not).
+
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from lightning_utilities.core.imports import RequirementCache
+from torch import Tensor
+from torchmetrics.functional.classification.stat_scores import _multiclass_stat_scores_format
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree.classification.stat_scores import (
+    _multiclass_stat_scores_tensor_validation,
+    _validated_multilabel,
+    _without_invalid,
+)
+
+_FUNCTIONAL = "torchmetrics.functional.classification.exact_match"
+_MODULE = "torchmetrics.classification.exact_match"
+#: torchmetrics 1.7 added ``ignore_index`` to the multilabel update (an ignored label counts as matched)
+_MULTILABEL_IGNORES = RequirementCache("torchmetrics>=1.7.0")
+
+
+@functools.cache
+def _stock(target: str) -> Any:
+    return get_original(target)
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_exact_match_update",
+    params=("preds", "target", "multidim_average", "ignore_index"),
+    everywhere=True,
+)
+def _multiclass_exact_match_update(
+    preds: Tensor, target: Tensor, multidim_average: str = "global", ignore_index: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Stock's statistics: ``masked_fill`` for ignored entries, the total made on the device."""
+    if ignore_index is not None:
+        preds = preds.masked_fill(target == ignore_index, ignore_index)
+    correct = (preds == target).sum(1) == preds.shape[1]
+    correct = correct if multidim_average == "samplewise" else correct.sum()
+    total = torch.full((), preds.shape[0] if multidim_average == "global" else 1, device=correct.device)
+    return correct, total
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multilabel_exact_match_update",
+    params=("preds", "target", "num_labels", "multidim_average", *(("ignore_index",) if _MULTILABEL_IGNORES else ())),
+    everywhere=True,
+)
+def _multilabel_exact_match_update(
+    preds: Tensor,
+    target: Tensor,
+    num_labels: int,
+    multidim_average: str = "global",
+    ignore_index: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Stock's statistics, the total made on the device (1.6 never passes ``ignore_index``: its behaviour)."""
+    if ignore_index is not None:
+        target = torch.where(target == -1, preds.long(), target)
+    if multidim_average == "global":
+        preds = torch.movedim(preds, 1, -1).reshape(-1, num_labels)
+        target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
+    correct = ((preds == target).sum(1) == num_labels).sum(dim=-1)
+    total = torch.full((), preds.shape[0 if multidim_average == "global" else 2], device=correct.device)
+    return correct, total
+
+
+def _add_checks(self: Any) -> None:
+    _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if self.validate_args else ())
+
+
+def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Tensor) -> None:
+    """Stock's state update, in place for the tensor states (a captured CUDA graph replays into them)."""
+    if self.multidim_average == "samplewise":
+        # the total is the number of positions per sample, replaced (not summed) by every update, as stock does
+        (correct,) = _without_invalid(invalid, correct)
+        self.correct.append(correct)
+        self.total = total
+    else:
+        correct, total = _without_invalid(invalid, correct, total)
+        self.correct.add_(correct)
+        self.total.add_(total)
+    _deferred.sweep(self)
+
+
+@replaces(
+    f"{_MODULE}.MulticlassExactMatch.__init__",
+    params=("self", "num_classes", "multidim_average", "ignore_index", "validate_args", "kwargs"),
+)
+def _multiclass_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.MulticlassExactMatch.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(
+    f"{_MODULE}.MultilabelExactMatch.__init__",
+    params=("self", "num_labels", "threshold", "multidim_average", "ignore_index", "validate_args", "kwargs"),
+)
+def _multilabel_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.MultilabelExactMatch.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(f"{_MODULE}.MulticlassExactMatch.update", params=("self", "preds", "target"), kind="metric_method")
+def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    invalid = None
+    if self.validate_args:
+        invalid = _multiclass_stat_scores_tensor_validation(
+            preds, target, self.num_classes, self.multidim_average, self.ignore_index, metric=self
+        )
+    preds, target = _multiclass_stat_scores_format(preds, target, 1)
+    _add_to_state(
+        self, invalid, *_multiclass_exact_match_update(preds, target, self.multidim_average, self.ignore_index)
+    )
+
+
+@replaces(f"{_MODULE}.MultilabelExactMatch.update", params=("self", "preds", "target"), kind="metric_method")
+def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    invalid, preds, target = _validated_multilabel(self, preds, target)
+    ignore_index = self.ignore_index if _MULTILABEL_IGNORES else None
+    correct, total = _multilabel_exact_match_update(preds, target, self.num_labels, self.multidim_average, ignore_index)
+    _add_to_state(self, invalid, correct, total)

@@ -1,0 +1,205 @@
+"""Sync-free ``torchmetrics.classification.hinge``: BinaryHingeLoss and MulticlassHingeLoss.
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``validate_args``: the confusion matrix's            its device flag, a deferred check of the metric (raised at
+``torch.unique`` + ``if ...:``                       once on CPU, reported at an eager point on the device path,
+                                                     the invalid batch left out of the state)
+``ignore_index``: ``preds[target != ii]``            ignored entries stay in place; their losses are zeroed
+``margin[target] = preds[target]``,                  ``torch.where(target, preds, -preds)``
+``margin[~target] = -preds[~target]``
+crammer-singer: ``preds[target]`` and                ``gather`` of the target's score and ``masked_fill(-inf)``
+``preds[~target].view(N, -1).max(1)``                of it before the row maximum
+``tensor(target.shape[0], device=...)``              the count of kept entries on the device (a Python int added
+                                                     in place without ``ignore_index``)
+``self.measures += measures``                        ``add_``: in place, as stock
+==================================================  ===========================================================
+
+Where host reads are free (CPU) the losses are stock's functions' (after the patched validation), so CPU results are
+stock's to the bit. On the device path
+the sums run over the whole batch with the ignored entries' losses set to 0: with ``ignore_index`` the float sums may
+differ from stock's (which sums the kept entries only) in the last bits, as any change of the summation order does.
+
+Deliberate deviations from stock:
+
+* a crammer-singer batch whose every entry is ignored adds nothing (stock fails: ``view(0, -1)`` of an empty tensor);
+* with ``validate_args=False``, a multiclass target outside ``[0, num_classes)`` is left out like an ignored entry
+  (stock fails in its one-hot: an index error on CPU, a device-side assert on CUDA);
+* with ``validate_args=True`` a multiclass target outside the classes is rejected by the range check the stat scores
+  and confusion matrices use (stock's check counts distinct labels and lets it through to fail in the one-hot).
+
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.classification.confusion_matrix import _binary_confusion_matrix_format
+from torchmetrics.functional.classification.hinge import _binary_hinge_loss_update, _multiclass_hinge_loss_update
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree.classification.confusion_matrix import (
+    _binary_confusion_matrix_tensor_validation,
+    _multiclass_confusion_matrix_tensor_validation,
+    _probabilities,
+)
+from torchmetrics_syncfree.classification.stat_scores import _without_invalid
+
+_FUNCTIONAL = "torchmetrics.functional.classification.hinge"
+_MODULE = "torchmetrics.classification.hinge"
+
+
+@functools.cache
+def _stock(target: str) -> Any:
+    return get_original(target)
+
+
+def _raise_if_not_float(preds: Tensor) -> None:
+    if not preds.is_floating_point():
+        raise ValueError(
+            "Expected argument `preds` to be floating tensor with probabilities/logits"
+            f" but got tensor with dtype {preds.dtype}"
+        )
+
+
+@replaces(f"{_FUNCTIONAL}._binary_hinge_loss_tensor_validation", params=("preds", "target", "ignore_index"))
+def _binary_hinge_loss_tensor_validation(
+    preds: Tensor, target: Tensor, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._binary_hinge_loss_tensor_validation")(preds, target, ignore_index)
+    invalid = _binary_confusion_matrix_tensor_validation(preds, target, ignore_index, metric=metric)
+    _raise_if_not_float(preds)
+    return invalid
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_hinge_loss_tensor_validation",
+    params=("preds", "target", "num_classes", "ignore_index"),
+)
+def _multiclass_hinge_loss_tensor_validation(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the label check is a device flag (returned)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._multiclass_hinge_loss_tensor_validation")(
+            preds, target, num_classes, ignore_index
+        )
+    invalid = _multiclass_confusion_matrix_tensor_validation(preds, target, num_classes, ignore_index, metric=metric)
+    _raise_if_not_float(preds)
+    return invalid
+
+
+def _hinge(margin: Tensor, squared: bool) -> Tensor:
+    measures = torch.clamp(1 - margin, 0)
+    return measures.pow(2) if squared else measures
+
+
+def _binary_hinge_measures(
+    preds: Tensor, target: Tensor, squared: bool, ignore_index: int | None
+) -> tuple[Tensor, Tensor | int]:
+    """Stock's ``_binary_confusion_matrix_format`` + ``_binary_hinge_loss_update``, with fixed shapes off the CPU.
+
+    Where reads are free (CPU) stock's boolean masks cost nothing, and its sums are stock's to the bit.
+    """
+    if _deferred.reads_are_free(preds):
+        preds, target = _binary_confusion_matrix_format(
+            preds, target, threshold=0.0, ignore_index=ignore_index, convert_to_labels=False
+        )
+        return _binary_hinge_loss_update(preds, target, squared)
+    preds, target = preds.flatten(), target.flatten()
+    kept = None if ignore_index is None else target != ignore_index
+    preds = _probabilities(preds, kept, "sigmoid")
+    measures = _hinge(torch.where(target.bool(), preds, -preds), squared)
+    if kept is not None:
+        measures = measures.masked_fill(~kept, 0)
+    # stock's ``tensor(target.shape[0])`` after its boolean mask: counted on the device, or known on the host
+    return measures.sum(dim=0), target.shape[0] if kept is None else kept.sum()
+
+
+def _multiclass_hinge_measures(
+    preds: Tensor, target: Tensor, squared: bool, mode: str, ignore_index: int | None
+) -> tuple[Tensor, Tensor | int]:
+    """Stock's ``_multiclass_confusion_matrix_format`` + ``_multiclass_hinge_loss_update``, fixed shapes off the CPU.
+
+    Only the entries that are neither ignored nor outside the classes count (see the module docstring).
+    """
+    preds = torch.movedim(preds, 1, -1).reshape(-1, preds.shape[1])
+    target = target.flatten()
+    classes = max(2, preds.shape[1])  # stock's one-hot width
+    kept = (target >= 0) & (target < classes)  # stock's one-hot fails on anything else
+    if ignore_index is not None:
+        kept &= target != ignore_index
+    if _deferred.reads_are_free(preds):
+        preds, target = preds[kept], target[kept]
+        if mode == "crammer-singer" and target.numel() == 0:  # stock's ``view(0, -1)`` fails: nothing to add
+            return preds.new_zeros(()), 0
+        return _multiclass_hinge_loss_update(preds, target, squared, mode)
+    preds = _probabilities(preds, kept.unsqueeze(1), "softmax")
+    onehot = target.unsqueeze(1) == torch.arange(classes, device=target.device)
+    if mode == "crammer-singer":
+        own = preds.gather(1, torch.where(kept, target, 0).unsqueeze(1)).squeeze(1)
+        margin = own - preds.masked_fill(onehot, -torch.inf).max(dim=1).values
+        measures = _hinge(margin, squared).masked_fill(~kept, 0)
+    else:
+        measures = _hinge(torch.where(onehot, preds, -preds), squared).masked_fill(~kept.unsqueeze(1), 0)
+    return measures.sum(dim=0), kept.sum()
+
+
+def _add_checks(self: Any) -> None:
+    _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if self.validate_args else ())
+
+
+def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Tensor | int) -> None:
+    if invalid is not None:
+        if not isinstance(total, Tensor):
+            total = torch.full((), total, dtype=self.total.dtype, device=measures.device)
+        measures, total = _without_invalid(invalid, measures, total)
+    self.measures.add_(measures)
+    self.total.add_(total)
+    _deferred.sweep(self)
+
+
+@replaces(
+    f"{_MODULE}.BinaryHingeLoss.__init__",
+    params=("self", "squared", "ignore_index", "validate_args", "kwargs"),
+)
+def _binary_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.BinaryHingeLoss.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(
+    f"{_MODULE}.MulticlassHingeLoss.__init__",
+    params=("self", "num_classes", "squared", "multiclass_mode", "ignore_index", "validate_args", "kwargs"),
+)
+def _multiclass_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the validation check."""
+    _stock(f"{_MODULE}.MulticlassHingeLoss.__init__")(self, *args, **kwargs)
+    _add_checks(self)
+
+
+@replaces(f"{_MODULE}.BinaryHingeLoss.update", params=("self", "preds", "target"), kind="metric_method")
+def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    invalid = None
+    if self.validate_args:
+        invalid = _binary_hinge_loss_tensor_validation(preds, target, self.ignore_index, metric=self)
+    _add_to_state(self, invalid, *_binary_hinge_measures(preds, target, self.squared, self.ignore_index))
+
+
+@replaces(f"{_MODULE}.MulticlassHingeLoss.update", params=("self", "preds", "target"), kind="metric_method")
+def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    invalid = None
+    if self.validate_args:
+        invalid = _multiclass_hinge_loss_tensor_validation(
+            preds, target, self.num_classes, self.ignore_index, metric=self
+        )
+    measures = _multiclass_hinge_measures(preds, target, self.squared, self.multiclass_mode, self.ignore_index)
+    _add_to_state(self, invalid, *measures)
