@@ -44,7 +44,8 @@ def _break_reasons(metric: Any, args: tuple, kwargs: dict) -> list[str]:
 PATCHED_CONFIGS = [
     config
     for config in catalogue()
-    if config.area in ("aggregation", "classification", "confusion_matrix", "hinge", "exact_match")
+    if config.area
+    in ("aggregation", "classification", "confusion_matrix", "precision_recall_curve", "hinge", "exact_match")
     and config.inputs != "float"
 ]
 

@@ -353,7 +353,9 @@ def _example_metrics() -> list[Any]:
     from torchmetrics.classification import (
         BinaryConfusionMatrix,
         BinaryHingeLoss,
+        BinaryPrecisionRecallCurve,
         BinaryStatScores,
+        MulticlassAveragePrecision,
         MulticlassCohenKappa,
         MulticlassConfusionMatrix,
         MulticlassExactMatch,
@@ -361,6 +363,7 @@ def _example_metrics() -> list[Any]:
         MulticlassStatScores,
         MultilabelConfusionMatrix,
         MultilabelExactMatch,
+        MultilabelROC,
         MultilabelStatScores,
     )
 
@@ -381,6 +384,9 @@ def _example_metrics() -> list[Any]:
         MulticlassHingeLoss(num_classes=3),
         MulticlassExactMatch(num_classes=3),
         MultilabelExactMatch(num_labels=3),
+        BinaryPrecisionRecallCurve(thresholds=5),
+        MulticlassAveragePrecision(num_classes=3),  # sets validate_args after the curve's __init__
+        MultilabelROC(num_labels=3),
     ]
 
 

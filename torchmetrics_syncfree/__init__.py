@@ -41,6 +41,11 @@ register_area(
     "confusion_matrix", "torchmetrics_syncfree.classification.confusion_matrix", requires=("metric", "classification")
 )
 register_area("hinge", "torchmetrics_syncfree.classification.hinge", requires=("metric", "confusion_matrix"))
+register_area(
+    "precision_recall_curve",
+    "torchmetrics_syncfree.classification.precision_recall_curve",
+    requires=("metric", "confusion_matrix"),
+)
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
 
 __all__ = [

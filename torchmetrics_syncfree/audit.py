@@ -209,6 +209,10 @@ _CONFUSION_MATRIX_MODULES = {
 
 #: modules of classification metrics that are a patch area of their own, named as the module
 _OWN_AREA_MODULES = {f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match")}
+#: modules of the metrics built on ``*PrecisionRecallCurve``, whose update the ``precision_recall_curve`` area patches
+_CURVE_MODULES = {
+    f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc", "auroc", "average_precision")
+}
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,8 @@ class Config:
         module = parse_spec(self.spec)[0].__module__
         if module in _CONFUSION_MATRIX_MODULES:
             return "confusion_matrix"
+        if module in _CURVE_MODULES:
+            return "precision_recall_curve"
         if module in _OWN_AREA_MODULES:
             return module.rsplit(".", 1)[-1]
         for area in ("aggregation", "classification", "regression"):
@@ -281,6 +287,12 @@ def catalogue() -> list[Config]:
     configs.append(Config(f"CohenKappa(task='multiclass', num_classes={NUM_CLASSES})"))
     configs.append(Config(f"JaccardIndex(task='multiclass', num_classes={NUM_CLASSES}, average='macro')"))
     configs.append(Config(f"MatthewsCorrCoef(task='multiclass', num_classes={NUM_CLASSES})"))
+    for thresholds in (None, 100):
+        configs.append(Config(f"AUROC(task='binary', thresholds={thresholds})"))
+        configs.append(Config(f"AUROC(task='multiclass', num_classes={NUM_CLASSES}, thresholds={thresholds})"))
+        configs.append(Config(f"AveragePrecision(task='multilabel', num_labels={NUM_LABELS}, thresholds={thresholds})"))
+    configs.append(Config(f"PrecisionRecallCurve(task='multiclass', num_classes={NUM_CLASSES}, thresholds=100)"))
+    configs.append(Config("ROC(task='binary', thresholds=100)"))
     configs.append(Config("HingeLoss(task='binary')"))
     for mode in ("crammer-singer", "one-vs-all"):
         configs.append(Config(f"HingeLoss(task='multiclass', num_classes={NUM_CLASSES}, multiclass_mode={mode!r})"))

@@ -1,0 +1,227 @@
+"""The PR-curve family's update (PrecisionRecallCurve, ROC, AUROC, AveragePrecision: every task): stock's states and
+values on both patched paths, sync-free update on the device path (and forward/compute where stock's compute is), the
+validation reported as stock's, compile without graph breaks."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+import torchmetrics
+from torch import Tensor
+
+import torchmetrics_syncfree
+from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
+from torchmetrics_syncfree import SyncProbe, _deferred
+
+#: thresholds settings: binned with a count, an unsorted list (with a duplicate) and a tensor; and unbinned
+THRESHOLDS: dict[str, Any] = {
+    "5": 5,
+    "list": [0.9, 0.1, 0.5, 0.5, 0.3],
+    "tensor": torch.tensor([0.0, 0.25, 0.75, 1.0]),
+    "None": None,
+}
+IGNORE = {"binary": (None, -1), "multiclass": (None, -1, 1), "multilabel": (None, -1)}
+NAMES = ("PrecisionRecallCurve", "ROC", "AUROC", "AveragePrecision")
+
+
+def _make(name: str, task: str, thresholds: Any, ignore_index: int | None, **kwargs: Any) -> Any:
+    size = {"multiclass": {"num_classes": NUM_CLASSES}, "multilabel": {"num_labels": NUM_CLASSES}}.get(task, {})
+    if isinstance(thresholds, Tensor):
+        thresholds = thresholds.clone()
+    return getattr(torchmetrics, name)(task=task, thresholds=thresholds, ignore_index=ignore_index, **size, **kwargs)
+
+
+def _batches(task: str, ignore_index: int | None, seed: int, n: int = 16) -> list[tuple[Tensor, Tensor]]:
+    """Probabilities, logits, float64 scores, extra dimensions, scores equal to thresholds, logits with a NaN score
+    (logits: stock's CPU and accelerator tests for logits agree only when some score is outside [0, 1]), and (with
+    ``ignore_index``) a quarter of the targets ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = {"binary": (n,), "multiclass": (n, NUM_CLASSES), "multilabel": (n, NUM_CLASSES)}[task]
+    out = []
+    for i in range(6):
+        extra = (3,) if i == 3 else ()
+        logits = torch.randn((*shape, *extra), generator=gen) * 2
+        if task == "multiclass":
+            preds = logits.softmax(1) if i not in (1, 5) else logits
+            target = torch.randint(0, NUM_CLASSES - 1, (n, *extra), generator=gen)  # the last class never occurs
+        else:
+            preds = logits.sigmoid() if i not in (1, 5) else logits
+            target = torch.randint(0, 2, preds.shape, generator=gen)
+        if i == 2:
+            preds = preds.double()
+        if i == 4:
+            preds = torch.round(preds * 4) / 4  # ties with the thresholds
+        if i == 5 and task != "multiclass":
+            preds.view(-1)[0] = torch.nan
+        if ignore_index is not None:
+            target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
+        out.append((preds, target))
+    return out
+
+
+def _cases(name: str, thresholds_keys: tuple[str, ...]) -> dict[str, Case]:
+    cases = {}
+    for task, ignores in IGNORE.items():
+        for key in thresholds_keys:
+            for ignore_index in ignores:
+                label = f"{name}-{task}-thresholds={key}-ignore={ignore_index}"
+                data = _batches(task, ignore_index, seed=sum(map(ord, label)))
+                if key == "None" or (name != "PrecisionRecallCurve" and task != "binary"):
+                    data = [(p, t) for p, t in data if not torch.isnan(p).any()]  # stock's compute reads NaN as is
+                cases[label] = (lambda t=task, k=key, i=ignore_index: _make(name, t, THRESHOLDS[k], i)), data
+    return cases
+
+
+def _flat(value: Any) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    return [tensor for item in value for tensor in _flat(item)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_binned_state_is_stocks(path: str) -> None:
+    """The (T, ..., 2, 2) counts after every update are stock's, for every task, thresholds setting (unsorted and
+    duplicate thresholds, ties, NaN scores, float64/float16) and ignore_index."""
+    for task, ignores in IGNORE.items():
+        for key in ("5", "list", "tensor"):
+            for ignore_index in ignores:
+                data = _batches(task, ignore_index, seed=len(key) + 7)
+                stock = _make("PrecisionRecallCurve", task, THRESHOLDS[key], ignore_index)
+                for preds, target in data:
+                    stock.update(preds, target)
+                with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+                    patched = _make("PrecisionRecallCurve", task, THRESHOLDS[key], ignore_index)
+                    for preds, target in data:
+                        patched.update(preds, target)
+                torch.testing.assert_close(patched.confmat, stock.confmat, rtol=0, atol=0, msg=f"{task} {key}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "name",
+    # the subclasses add stock's computes to the same update (whose states test_binned_state_is_stocks checks on every
+    # version): on the newest release only, to keep the older envs quick
+    [NAMES[0], *(pytest.param(name, marks=pytest.mark.slow) for name in NAMES[1:])],
+)
+def test_parity_with_stock(name: str, path: str) -> None:
+    """forward() per batch and compute(): stock's values, dtypes and shapes (curves: every tensor of the tuples)."""
+    cases = _cases(name, tuple(THRESHOLDS))
+    wrapped = {label: ((lambda make=make: _Flattening(make())), data) for label, (make, data) in cases.items()}
+    parity(wrapped, path=path)
+
+
+class _Flattening:
+    """A metric whose forward/compute return one tensor: the curve tuples flattened (for ``parity``)."""
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+
+    def to(self, device: str) -> _Flattening:
+        self.metric = self.metric.to(device)
+        return self
+
+    def __call__(self, *args: Any) -> Tensor:
+        return torch.cat([t.double().flatten() for t in _flat(self.metric(*args))])
+
+    def update(self, *args: Any) -> None:
+        self.metric.update(*args)
+
+    def compute(self) -> Tensor:
+        return torch.cat([t.double().flatten() for t in _flat(self.metric.compute())])
+
+
+@pytest.mark.parametrize("task", list(IGNORE))
+@pytest.mark.parametrize("key", list(THRESHOLDS))
+def test_update_is_sync_free(syncfree: Any, task: str, key: str) -> None:
+    """0 would-be syncs in update on the device path for every name; with thresholds=None and ignore_index stock's
+    boolean mask stays (binary/multiclass; documented), so that case is checked without ignore_index."""
+    for name in NAMES:
+        for ignore_index in IGNORE[task]:
+            if key == "None" and ignore_index is not None and task != "multilabel":
+                continue
+            metric = _make(name, task, THRESHOLDS[key], ignore_index)
+            data = _batches(task, ignore_index, seed=3)
+            with SyncProbe() as probe:
+                for preds, target in data:
+                    metric.update(preds, target)
+            assert probe.count == 0, (name, ignore_index, probe.events)
+
+
+@pytest.mark.parametrize("task", list(IGNORE))
+def test_stock_syncs_are_seen(task: str) -> None:
+    metric = _make("AUROC", task, 5, -1)
+    with SyncProbe() as probe:
+        metric.update(*_batches(task, -1, seed=1)[0])
+    assert probe.count > 0
+
+
+INVALID = {
+    "binary target": ("binary", torch.tensor([0.2, 0.7]), torch.tensor([0, 2]), RuntimeError),
+    "binary int preds": ("binary", torch.tensor([0, 1]), torch.tensor([0, 1]), ValueError),
+    "multiclass target": ("multiclass", torch.rand(2, NUM_CLASSES), torch.tensor([0, NUM_CLASSES + 3]), RuntimeError),
+    "multilabel target": ("multilabel", torch.rand(2, NUM_CLASSES), torch.full((2, NUM_CLASSES), 2), RuntimeError),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["PrecisionRecallCurve", "AveragePrecision"])
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_input_raises_stocks_error_type(path: str, name: str, case: str) -> None:
+    """Stock's exception type (and, on CPU, its message); on the device path the value check is reported at the end of
+    the update and the binned counts leave the batch out. AveragePrecision sets ``validate_args`` after the base
+    ``__init__`` (stock's BinaryAUROC never sets it: it does not validate, patched or not)."""
+    task, preds, target, error = INVALID[case]
+    with pytest.raises(error) as stock_error:  # multiclass: stock's check passes (2 distinct), ``one_hot`` fails
+        _make(name, task, 5, None).update(preds, target)
+    good_preds, good_target = _batches(task, None, seed=5)[0]
+    reference = _make(name, task, 5, None)
+    reference.update(good_preds, good_target)
+    with torchmetrics_syncfree.patched():
+        metric = _make(name, task, 5, None)
+        with SyncProbe() if path == "device" else contextlib.nullcontext():
+            metric.update(good_preds, good_target)
+            with pytest.raises(error) as patched_error:
+                metric.update(preds, target)
+        if path == "cpu" and case != "multiclass target":
+            assert str(patched_error.value) == str(stock_error.value)
+        torch.testing.assert_close(metric.confmat, reference.confmat, rtol=0, atol=0)
+        assert pending_checks(metric) == 0
+
+
+def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
+    metric = _make("AveragePrecision", "binary", 5, None)
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        metric.update(torch.tensor([0.2, 0.7]), torch.tensor([0, 1]))
+        metric.update(torch.tensor([0.2, 0.7]), torch.tensor([0, 2]))
+        assert pending_checks(metric) == 1
+        with pytest.raises(RuntimeError, match="not valid for this metric"):
+            metric.compute()
+    assert int(metric.confmat[0].sum()) == 2  # the bad batch never entered the state
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_labels_that_are_no_class_without_validation_are_left_out(path: str) -> None:
+    """Documented deviation: with ``validate_args=False`` stock counts a binary target 2 in the next threshold's cells
+    (and its multiclass ``one_hot`` fails); the patched count leaves such entries out."""
+    preds, target = torch.tensor([0.2, 0.7, 0.9]), torch.tensor([0, 1, 2])
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = _make("PrecisionRecallCurve", "binary", 3, None, validate_args=False)
+        metric.update(preds, target)
+        reference = _make("PrecisionRecallCurve", "binary", 3, None)
+        reference.update(preds[:2], target[:2])
+        torch.testing.assert_close(metric.confmat, reference.confmat, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("task", list(IGNORE))
+def test_update_traces_without_a_graph_break(task: str) -> None:
+    torch._dynamo.reset()
+    with torchmetrics_syncfree.patched():
+        metric = _make("AUROC", task, 5, -1)
+        preds, target = _batches(task, -1, seed=2)[0]
+        explanation = torch._dynamo.explain(lambda p, t: metric.update(p, t))(preds, target)
+    torch._dynamo.reset()
+    assert [str(r.reason).split("\n")[0] for r in explanation.break_reasons] == []

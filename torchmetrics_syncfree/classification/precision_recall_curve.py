@@ -1,0 +1,339 @@
+"""Sync-free ``update`` of ``torchmetrics.classification.precision_recall_curve``: the PR-curve family.
+
+``Binary``/``Multiclass``/``MultilabelPrecisionRecallCurve`` are the base classes of ROC, AUROC, AveragePrecision
+and LogAUC (every task): they inherit its ``update``, so patching the three updates covers all of them.
+
+==================================================  ===========================================================
+stock                                                sync-free
+==================================================  ===========================================================
+``validate_args``: ``torch.unique(target)`` +        one device flag per update (target values in {0, 1} or
+``if ...:``                                          ``ignore_index``; multiclass labels in ``[0, C)``), filed
+                                                     as a deferred check (raised at once on CPU with stock's
+                                                     message, reported at an eager point on the device path, the
+                                                     invalid batch left out of the state)
+``ignore_index``: ``preds[target != ii]``            ignored entries stay in place and are routed to a dropped
+(binary, multiclass), ``mapping[mapping >= 0]``      cell of the count (binned); the logits test looks at the
+(multilabel)                                         kept entries only, as stock
+binned (``thresholds`` given): ``preds >=            ``torch.bucketize`` of each pred among the sorted thresholds,
+thresholds`` for every threshold, counted with       one count per (class, target, bucket) into fixed cells, and
+``torch.bincount`` (reads the maximum on CUDA) or    the (T, ..., 2, 2) matrices from suffix sums of those
+a Python loop over thresholds for large batches      counts: O(N log T) work and O(N) memory for every batch size
+``self.confmat += state``                            ``add_``: in place (a captured CUDA graph replays into it)
+==================================================  ===========================================================
+
+With ``thresholds=None`` the state is the list of (formatted) preds and targets: its update is validation and
+formatting only, sync-free without ``ignore_index``; with ``ignore_index`` (binary, multiclass) stock removes the
+ignored entries with a boolean mask, which is kept (a data-dependent shape: one sync per update; documented).
+``compute()`` is stock's.
+
+The counts are integers: identical to stock's for every valid input. Deliberate deviations (documented, tested):
+
+* multiclass validation checks every non-ignored target against ``[0, num_classes)`` as the stat scores do (stock
+  counts distinct values);
+* with ``validate_args=False``, binary and multilabel targets other than 0 and 1 and multiclass targets outside the
+  classes are left out of the binned counts (stock counts them in another threshold's or class's cells, or fails in
+  ``one_hot``).
+
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.classification.precision_recall_curve import (
+    _binary_precision_recall_curve_format,
+    _multiclass_precision_recall_curve_format,
+    _multilabel_precision_recall_curve_format,
+)
+from torchmetrics.utilities.checks import _check_same_shape
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree.classification.confusion_matrix import _cells, _probabilities
+from torchmetrics_syncfree.classification.stat_scores import (
+    _file_invalid,
+    _not_a_class,
+    _outside,
+    _raise_not_a_class,
+    _without_invalid,
+    normalize_logits_if_needed,
+)
+
+_FUNCTIONAL = "torchmetrics.functional.classification.precision_recall_curve"
+_MODULE = "torchmetrics.classification.precision_recall_curve"
+
+
+@functools.cache
+def _stock(target: str) -> Any:
+    return get_original(target)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# validation
+
+
+def _check_scores_and_labels(preds: Tensor, target: Tensor) -> None:
+    """Stock's host-only dtype checks of every task."""
+    if target.is_floating_point():
+        raise ValueError(
+            "Expected argument `target` to be an int or long tensor with ground truth labels"
+            f" but got tensor with dtype {target.dtype}"
+        )
+    if not preds.is_floating_point():
+        raise ValueError(
+            "Expected argument `preds` to be an floating tensor with probability/logit scores,"
+            f" but got tensor with dtype {preds.dtype}"
+        )
+
+
+@replaces(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation", params=("preds", "target", "ignore_index"))
+def _binary_precision_recall_curve_tensor_validation(
+    preds: Tensor, target: Tensor, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    stock = _stock(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation")
+    if metric is None:
+        return stock(preds, target, ignore_index)
+    _check_same_shape(preds, target)
+    _check_scores_and_labels(preds, target)
+    flag = _outside(target, (0, 1), ignore_index).any()
+    return _file_invalid(metric, flag, functools.partial(stock, preds, target, ignore_index))
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multilabel_precision_recall_curve_tensor_validation",
+    params=("preds", "target", "num_labels", "ignore_index"),
+)
+def _multilabel_precision_recall_curve_tensor_validation(
+    preds: Tensor, target: Tensor, num_labels: int, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._multilabel_precision_recall_curve_tensor_validation")(
+            preds, target, num_labels, ignore_index
+        )
+    invalid = _binary_precision_recall_curve_tensor_validation(preds, target, ignore_index, metric=metric)
+    if preds.shape[1] != num_labels:
+        raise ValueError(
+            "Expected both `target.shape[1]` and `preds.shape[1]` to be equal to the number of labels"
+            f" but got {preds.shape[1]} and expected {num_labels}"
+        )
+    return invalid
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_precision_recall_curve_tensor_validation",
+    params=("preds", "target", "num_classes", "ignore_index"),
+)
+def _multiclass_precision_recall_curve_tensor_validation(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's shape checks; with the ``metric`` whose update validates, the label range check (a device flag)."""
+    if metric is None:
+        return _stock(f"{_FUNCTIONAL}._multiclass_precision_recall_curve_tensor_validation")(
+            preds, target, num_classes, ignore_index
+        )
+    if not preds.ndim == target.ndim + 1:
+        raise ValueError(
+            f"Expected `preds` to have one more dimension than `target` but got {preds.ndim} and {target.ndim}"
+        )
+    if target.is_floating_point():
+        raise ValueError(
+            f"Expected argument `target` to be an int or long tensor, but got tensor with dtype {target.dtype}"
+        )
+    if not preds.is_floating_point():
+        raise ValueError(f"Expected `preds` to be a float tensor, but got {preds.dtype}")
+    if preds.shape[1] != num_classes:
+        raise ValueError(
+            "Expected `preds.shape[1]` to be equal to the number of classes but"
+            f" got {preds.shape[1]} and {num_classes}."
+        )
+    if preds.shape[0] != target.shape[0] or preds.shape[2:] != target.shape[1:]:
+        raise ValueError(
+            "Expected the shape of `preds` should be (N, C, ...) and the shape of `target` should be (N, ...)"
+            f" but got {preds.shape} and {target.shape}"
+        )
+    flag = _not_a_class(target, num_classes, ignore_index).any()
+    return _file_invalid(metric, flag, functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# binned counting
+
+
+def _threshold_confmats(preds: Tensor, positive: Tensor, dropped: Tensor | None, thresholds: Tensor) -> Tensor:
+    """Stock's multi-threshold confusion matrices, ``(T, G, 2, 2)``, of ``preds >= thresholds[t]`` against ``positive``.
+
+    ``preds``/``positive``/``dropped``: ``(M, G)`` (G groups: classes, labels, or 1). Each pred falls in a bucket, the
+    number of thresholds at or below it (NaN: none, as ``nan >= t`` is false), counted per (group, target, bucket) in
+    fixed cells; the entries at or above the ``k``-th smallest threshold are the counts of the buckets past ``k``.
+    """
+    num_thresholds, groups = thresholds.numel(), preds.shape[1]
+    dtype = torch.promote_types(preds.dtype, thresholds.dtype)  # the dtype stock's ``>=`` compares in
+    order = thresholds.argsort()
+    buckets = torch.bucketize(preds.to(dtype).contiguous(), thresholds[order].to(dtype), right=True)
+    buckets = buckets.masked_fill(preds.isnan(), 0)
+    group = torch.arange(groups, device=preds.device)
+    index = (group * 2 + positive.long()) * (num_thresholds + 1) + buckets
+    counts = _cells(index.flatten(), None if dropped is None else dropped.flatten(), groups * 2 * (num_thresholds + 1))
+    counts = counts.view(groups, 2, num_thresholds + 1)
+    totals = counts.sum(-1, keepdim=True)
+    at_or_above = (totals - counts.cumsum(-1))[..., :num_thresholds]  # (G, 2, T) in sorted-threshold order
+    at_or_above = at_or_above[..., order.argsort()]  # back to the thresholds' own order
+    fp, tp = at_or_above[:, 0], at_or_above[:, 1]
+    tn, fn = totals[:, 0] - fp, totals[:, 1] - tp
+    return torch.stack([tn, fp, fn, tp], dim=-1).view(groups, num_thresholds, 2, 2).transpose(0, 1)
+
+
+def _binary_curve_state(
+    preds: Tensor, target: Tensor, thresholds: Tensor, ignore_index: int | None, normalization: str | None
+) -> Tensor:
+    """Stock's binary format + binned update, ``(T, 2, 2)``, with fixed shapes."""
+    preds, target = preds.flatten(), target.flatten()
+    kept = None if ignore_index is None else target != ignore_index
+    if normalization:
+        preds = _probabilities(preds, kept, normalization)
+    dropped = (target != 0) & (target != 1)  # ignored entries, and (validate_args=False) values that are no label
+    confmat = _threshold_confmats(preds.unsqueeze(1), (target == 1).unsqueeze(1), dropped.unsqueeze(1), thresholds)
+    return confmat.squeeze(1)
+
+
+def _multiclass_curve_state(
+    preds: Tensor, target: Tensor, num_classes: int, thresholds: Tensor, ignore_index: int | None, average: str | None
+) -> Tensor:
+    """Stock's multiclass format + binned update (``(T, C, 2, 2)``; micro: ``(T, 2, 2)``) with fixed shapes."""
+    preds = preds.transpose(0, 1).reshape(num_classes, -1).T
+    target = target.flatten()
+    kept = (target >= 0) & (target < num_classes)  # (validate_args=False) labels of no class are left out
+    if ignore_index is not None:
+        not_ignored = target != ignore_index
+        preds = _probabilities(preds, not_ignored.unsqueeze(1), "softmax")  # stock's test: the kept rows only
+        kept &= not_ignored
+    else:
+        preds = normalize_logits_if_needed(preds, "softmax")
+    positive = target.unsqueeze(1) == torch.arange(num_classes, device=target.device)
+    dropped = ~kept.unsqueeze(1).expand_as(positive)
+    if average == "micro":
+        flat = _threshold_confmats(preds.reshape(-1, 1), positive.reshape(-1, 1), dropped.reshape(-1, 1), thresholds)
+        return flat.squeeze(1)
+    return _threshold_confmats(preds, positive, dropped, thresholds)
+
+
+def _multilabel_curve_state(
+    preds: Tensor, target: Tensor, num_labels: int, thresholds: Tensor, ignore_index: int | None
+) -> Tensor:
+    """Stock's multilabel format + binned update, ``(T, L, 2, 2)``, with fixed shapes.
+
+    Stock decides logits over all entries, ignored ones included (it normalizes before it masks): so does this.
+    """
+    preds = preds.transpose(0, 1).reshape(num_labels, -1).T
+    target = target.transpose(0, 1).reshape(num_labels, -1).T
+    preds = normalize_logits_if_needed(preds, "sigmoid")
+    return _threshold_confmats(preds, target == 1, (target != 0) & (target != 1), thresholds)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the metrics
+
+
+def _refresh_kinds(self: Any) -> None:
+    """Keep the reported kinds in step with ``validate_args`` (a tuple comparison per update).
+
+    AUROC, AveragePrecision, ROC and LogAUC call the curve's ``__init__`` with ``validate_args=False`` and set the
+    attribute afterwards.
+    """
+    kinds = (_deferred.INVALID_VALUES,) if self.validate_args else ()
+    if _deferred.kinds_of(self) != kinds:
+        if _deferred.counters_of(self) is None:  # made before the patch
+            _deferred.add_checks(self, kinds)
+            setattr(self, _deferred.STATE, _deferred.counters_of(self).to(self.device))
+        object.__setattr__(self, _deferred.KINDS, kinds)
+
+
+def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tensor, Tensor]) -> None:
+    """Stock's state update: binned counts added in place (a batch left out when invalid), else the lists appended."""
+    if isinstance(state, Tensor):
+        (state,) = _without_invalid(invalid, state)
+        self.confmat.add_(state)
+    else:
+        # stock's list states (thresholds=None): which entries of an invalid batch are bad is not known on the device
+        # path, so the batch is appended as it is; its error is raised at the next eager point (by compute() at the
+        # latest, before it returns a value)
+        self.preds.append(state[0])
+        self.target.append(state[1])
+    _deferred.sweep(self)
+
+
+def _init_with_checks(stock_init: str):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _stock(stock_init)(self, *args, **kwargs)
+        _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if self.validate_args else ())
+
+    __init__.__doc__ = "Stock's ``__init__``, plus the counter of the validation check."
+    return __init__
+
+
+_binary_init = replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", params=None)(
+    _init_with_checks(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__")
+)
+_multiclass_init = replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", params=None)(
+    _init_with_checks(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__")
+)
+_multilabel_init = replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", params=None)(
+    _init_with_checks(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__")
+)
+
+
+@replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
+def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _refresh_kinds(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
+    normalization = getattr(self, "normalization", "sigmoid")  # an argument since torchmetrics 1.8
+    if self.thresholds is None:
+        args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
+        preds, target, _ = _binary_precision_recall_curve_format(*args)
+        _add_to_state(self, invalid, (preds, target))
+        return
+    _add_to_state(self, invalid, _binary_curve_state(preds, target, self.thresholds, self.ignore_index, normalization))
+
+
+@replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
+def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _refresh_kinds(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _multiclass_precision_recall_curve_tensor_validation(
+            preds, target, self.num_classes, self.ignore_index, metric=self
+        )
+    average = getattr(self, "average", None)
+    if self.thresholds is None:
+        preds, target, _ = _multiclass_precision_recall_curve_format(
+            preds, target, self.num_classes, None, self.ignore_index, average
+        )
+        _add_to_state(self, invalid, (preds, target))
+        return
+    state = _multiclass_curve_state(preds, target, self.num_classes, self.thresholds, self.ignore_index, average)
+    _add_to_state(self, invalid, state)
+
+
+@replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
+def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    _refresh_kinds(self)
+    invalid = None
+    if self.validate_args:
+        invalid = _multilabel_precision_recall_curve_tensor_validation(
+            preds, target, self.num_labels, self.ignore_index, metric=self
+        )
+    if self.thresholds is None:
+        preds, target, _ = _multilabel_precision_recall_curve_format(
+            preds, target, self.num_labels, None, self.ignore_index
+        )
+        _add_to_state(self, invalid, (preds, target))
+        return
+    state = _multilabel_curve_state(preds, target, self.num_labels, self.thresholds, self.ignore_index)
+    _add_to_state(self, invalid, state)
