@@ -34,7 +34,12 @@ def _error(fn: Any) -> str | None:
 def _bad_rank_world(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 0 feeds one bad batch to each metric; every rank computes twice and updates in between."""
     from torchmetrics.aggregation import MeanMetric, SumMetric
-    from torchmetrics.classification import MulticlassAccuracy
+    from torchmetrics.classification import (
+        MulticlassAccuracy,
+        MulticlassAUROC,
+        MulticlassConfusionMatrix,
+        MulticlassHingeLoss,
+    )
 
     import torchmetrics_syncfree
     from torchmetrics_syncfree import _deferred
@@ -57,6 +62,17 @@ def _bad_rank_world(rank: int, world_size: int) -> dict[str, Any]:
     accuracy.update(torch.tensor([0, 1, 2]), target)
     out["accuracy_error"] = _error(accuracy.compute)
     out["accuracy"] = accuracy.compute()
+
+    # the families with counters of their own (confusion matrix, binned curves, hinge loss): the same bad target
+    scores = torch.eye(3)
+    for name, metric in (
+        ("confmat", MulticlassConfusionMatrix(num_classes=3)),
+        ("auroc", MulticlassAUROC(num_classes=3, thresholds=5)),  # sets validate_args after the curve's __init__
+        ("hinge", MulticlassHingeLoss(num_classes=3)),
+    ):
+        metric.update(scores, target)
+        out[f"{name}_error"] = _error(metric.compute)
+        out[name] = metric.compute()
 
     total = SumMetric(nan_strategy="warn")
     total.update(torch.tensor([1.0, NAN] if rank % 2 else [1.0]))
@@ -81,6 +97,11 @@ def _check(results: list[dict[str, Any]]) -> None:
         torch.testing.assert_close(res["value_after_update"], torch.tensor(expected))
         assert res["accuracy_error"].startswith("RuntimeError: Detected values in `preds` or `target`"), rank
         torch.testing.assert_close(res["accuracy"], torch.tensor(1.0))  # the bad batch was left out
+        for name in ("confmat", "auroc", "hinge"):
+            assert res[f"{name}_error"].startswith("RuntimeError: Detected values in `preds` or `target`"), (name, rank)
+        torch.testing.assert_close(res["confmat"], torch.eye(3, dtype=torch.long) * (world_size - 1))
+        torch.testing.assert_close(res["auroc"], torch.tensor(1.0))
+        torch.testing.assert_close(res["hinge"], torch.tensor(0.0))
         torch.testing.assert_close(res["sum"], torch.tensor(float(world_size)))
     # one warning per offending update of the whole world, from the first compute() (ranks are all "rank zero" here:
     # the spawned processes set no RANK variable for rank_zero_warn)
