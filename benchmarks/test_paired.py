@@ -67,6 +67,17 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for classes in (10, 1000)
         for batch in (32, 256)
     ),
+    # HingeLoss and the PR-curve family's binned update (AUROC; stock's N x C x T comparisons vs bucketize)
+    *(
+        (Config(spec.format(classes=classes)), batch)
+        for spec in (
+            "HingeLoss(task='multiclass', num_classes={classes})",
+            "AUROC(task='multiclass', num_classes={classes}, thresholds=100)",
+        )
+        for classes in (10, 1000)
+        for batch in (32, 256)
+    ),
+    (Config("ExactMatch(task='multilabel', num_labels=100)"), 256),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000

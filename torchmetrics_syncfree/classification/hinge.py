@@ -38,7 +38,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification.confusion_matrix import _binary_confusion_matrix_format
+from torchmetrics.functional.classification.confusion_matrix import (
+    _binary_confusion_matrix_format,
+    _multiclass_confusion_matrix_format,
+)
 from torchmetrics.functional.classification.hinge import _binary_hinge_loss_update, _multiclass_hinge_loss_update
 
 from torchmetrics_syncfree import _deferred
@@ -124,23 +127,28 @@ def _binary_hinge_measures(
 
 
 def _multiclass_hinge_measures(
-    preds: Tensor, target: Tensor, squared: bool, mode: str, ignore_index: int | None
+    preds: Tensor, target: Tensor, squared: bool, mode: str, ignore_index: int | None, labels_checked: bool = False
 ) -> tuple[Tensor, Tensor | int]:
     """Stock's ``_multiclass_confusion_matrix_format`` + ``_multiclass_hinge_loss_update``, fixed shapes off the CPU.
 
-    Only the entries that are neither ignored nor outside the classes count (see the module docstring).
+    Only the entries that are neither ignored nor outside the classes count (see the module docstring);
+    ``labels_checked``: the update's validation has read the targets (CPU), so none is outside the classes.
     """
+    if _deferred.reads_are_free(preds):  # stock's boolean masks cost nothing here, and its sums are stock's
+        preds, target = _multiclass_confusion_matrix_format(preds, target, ignore_index, convert_to_labels=False)
+        if not labels_checked:
+            is_class = (target >= 0) & (target < max(2, preds.shape[1]))  # stock's one-hot fails on anything else
+            if not bool(is_class.all()):
+                preds, target = preds[is_class], target[is_class]
+        if mode == "crammer-singer" and target.numel() == 0:  # stock's ``view(0, -1)`` fails: nothing to add
+            return preds.new_zeros(()), 0
+        return _multiclass_hinge_loss_update(preds, target, squared, mode)
     preds = torch.movedim(preds, 1, -1).reshape(-1, preds.shape[1])
     target = target.flatten()
     classes = max(2, preds.shape[1])  # stock's one-hot width
     kept = (target >= 0) & (target < classes)  # stock's one-hot fails on anything else
     if ignore_index is not None:
         kept &= target != ignore_index
-    if _deferred.reads_are_free(preds):
-        preds, target = preds[kept], target[kept]
-        if mode == "crammer-singer" and target.numel() == 0:  # stock's ``view(0, -1)`` fails: nothing to add
-            return preds.new_zeros(()), 0
-        return _multiclass_hinge_loss_update(preds, target, squared, mode)
     preds = _probabilities(preds, kept.unsqueeze(1), "softmax")
     onehot = target.unsqueeze(1) == torch.arange(classes, device=target.device)
     if mode == "crammer-singer":
@@ -201,5 +209,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         invalid = _multiclass_hinge_loss_tensor_validation(
             preds, target, self.num_classes, self.ignore_index, metric=self
         )
-    measures = _multiclass_hinge_measures(preds, target, self.squared, self.multiclass_mode, self.ignore_index)
+    measures = _multiclass_hinge_measures(
+        preds, target, self.squared, self.multiclass_mode, self.ignore_index, labels_checked=self.validate_args
+    )
     _add_to_state(self, invalid, *measures)
