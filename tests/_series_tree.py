@@ -14,7 +14,9 @@ Set ``TORCHMETRICS_SYNCFREE_SERIES_TREE`` to a checkout with the series applied 
 
 Module-level names that the series adds to a changed module (its new helpers) are also set on the unpatched
 module of that name: the series' code may import them from there (``Metric._sync_dist`` imports
-``torchmetrics.utilities.distributed._sync_on_backend`` when it runs), and unpatched code never looks them up.
+``torchmetrics.utilities.distributed._sync_on_backend`` when it runs; ``classification/confusion_matrix.py`` imports
+new helpers of ``functional/classification/confusion_matrix.py`` at its top, see :func:`_load_changed`), and
+unpatched code never looks them up.
 The changed modules are loaded under an alias, so a function one of them imports from another changed module (the
 tree's ``MulticlassStatScores.update`` calls ``_multiclass_stat_scores_tensor_validation``) would be the unpatched
 one; such names are rebound to the tree's functions (:func:`_link_changed_modules`).
@@ -209,7 +211,6 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "hinge": "new in the layer (issue 10); its upstream patch is a later step",
     "exact_match": "new in the layer (issue 10); its upstream patch is a later step",
     "precision_recall_curve": "new in the layer (issue 10); its upstream patch is a later step",
-    "confusion_matrix": "new in the layer (issue 10, first part); its upstream patch is the next step",
 }
 
 
@@ -270,6 +271,37 @@ def _link_changed_modules(loaded: dict[str, ModuleType]) -> None:
                 setattr(module, attr, getattr(source, value.__name__))
 
 
+def _load_changed(patched_src: Path, names: list[str]) -> dict[str, ModuleType]:
+    """Load the changed modules ``names`` of the patched tree under :data:`_ALIAS`, in the order of ``names``.
+
+    The module-level names a changed module adds (its new helpers) are set on the unpatched module of its name as soon
+    as it is loaded, for imports from the series' code. A changed module may import another's new helpers at its top
+    (``from torchmetrics.functional.classification.stat_scores import _count``): if its import fails because they
+    are not there yet, it is loaded again once the others are.
+    """
+    loaded: dict[str, ModuleType] = {}
+    pending = names
+    while pending:
+        failed: list[tuple[str, ImportError]] = []
+        for name in pending:
+            alias = f"{_ALIAS}.{name}"
+            try:
+                module = _load(patched_src / Path(*name.split(".")).with_suffix(".py"), alias)
+            except ImportError as err:
+                sys.modules.pop(alias, None)
+                failed.append((name, err))
+                continue
+            loaded[name] = module
+            stock = importlib.import_module(name)
+            for attr, value in vars(module).items():
+                if not hasattr(stock, attr):
+                    setattr(stock, attr, value)
+        if len(failed) == len(pending):  # no progress: a real import error
+            raise failed[0][1]
+        pending = [name for name, _ in failed]
+    return {name: loaded[name] for name in names}
+
+
 def _with_stock_class(function: Any, target: str) -> Any:
     """``function`` with its ``__class__`` cell (zero-argument ``super()``) pointing at the stock class of ``target``.
 
@@ -311,14 +343,7 @@ def install(tree: Path) -> str:
         if name == "torchmetrics.utilities.deferred":
             _simulate_device(module)
     swapped = []
-    loaded = {
-        name: _load(patched_src / Path(*name.split(".")).with_suffix(".py"), f"{_ALIAS}.{name}") for name in targets
-    }
-    for name, module in loaded.items():
-        stock = importlib.import_module(name)
-        for attr, value in vars(module).items():  # the series' new helpers, for imports from the series' code
-            if not hasattr(stock, attr):
-                setattr(stock, attr, value)
+    loaded = _load_changed(patched_src, list(targets))
     _link_changed_modules(loaded)
     for name, specs in targets.items():
         module = loaded[name]

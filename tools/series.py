@@ -46,11 +46,25 @@ CLASSIFICATION_TESTS = tuple(
     f"unittests/classification/test_{name}.py"
     for name in ("accuracy", "precision_recall", "f_beta", "specificity", "stat_scores")
 )
+#: the suites of the confusion matrix and the metrics built on it (CohenKappa, JaccardIndex, MatthewsCorrCoef)
+CONFUSION_MATRIX_TESTS = tuple(
+    f"unittests/classification/test_{name}.py"
+    for name in ("confusion_matrix", "cohen_kappa", "jaccard", "matthews_corrcoef")
+)
+#: their sources, and the stat scores' functional module, whose validation and counting the confusion matrix uses
+CONFUSION_MATRIX_SOURCES = (
+    "src/torchmetrics/classification/confusion_matrix.py",
+    "src/torchmetrics/functional/classification/confusion_matrix.py",
+    "src/torchmetrics/functional/classification/jaccard.py",
+    "src/torchmetrics/functional/classification/matthews_corrcoef.py",
+    "src/torchmetrics/functional/classification/stat_scores.py",
+)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/functional/classification/": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/utilities/compute.py": (CLASSIFICATION_TESTS, True),
+    **{path: (CONFUSION_MATRIX_TESTS, True) for path in CONFUSION_MATRIX_SOURCES},
     "src/torchmetrics/metric.py": (
         (
             "unittests/bases/test_metric.py",
@@ -66,7 +80,9 @@ TESTS_FOR_SOURCE = {
 BASELINES_DIR = REPO / "tools" / "baselines"
 HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if heavy for t in tests}))
 #: ``test --heavy subset`` (CI): the heavy suites cut to the two files CI runs elsewhere, stat scores (the file the
-#: series changes) and accuracy; ``--heavy all`` runs all five (see CONTRIBUTING.md)
+#: series changes) and accuracy; ``--heavy all`` runs all nine, the confusion-matrix family's four included (those add
+#: ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
+#: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series)
 HEAVY_SUBSET = ("unittests/classification/test_accuracy.py", "unittests/classification/test_stat_scores.py")
 #: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
 BASELINE_PACKAGES = (
@@ -89,10 +105,12 @@ IGNORED_TESTS = ("unittests/utilities/test_plot.py", "unittests/wrappers/test_fe
 #: partial state updates: ~65 s per run and flaky on a loaded 2-core machine; it checks
 #: ``check_forward_full_state_property``, which the series does not touch. The BinaryAccuracy case of
 #: test_merge_state_feature_for_different_metrics draws unseeded random labels and fails when both halves of the data
-#: happen to have the same accuracy (about 1 run in 18); the series does not touch ``merge_state``.
+#: happen to have the same accuracy (about 1 run in 18); the series does not touch ``merge_state``. The multilabel
+#: plot test of the confusion matrix needs matplotlib (as test_plot.py above); it fails the same unpatched.
 DESELECTED_TESTS = (
     "unittests/utilities/test_utilities.py::test_check_full_state_update_fn",
     "unittests/bases/test_metric.py::test_merge_state_feature_for_different_metrics[BinaryAccuracy-",
+    "unittests/classification/test_confusion_matrix.py::TestMultilabelConfusionMatrix::test_multilabel_confusion_matrix_plot",
 )
 #: source path -> the project's suites (or test ids) that run against the patched tree (stock = the unpatched
 #: snapshot). ``tests/test_distributed.py`` checks the layer's own helpers (mode setter, fake groups) except for the
@@ -109,6 +127,7 @@ DEFERRED_PROJECT_TESTS = (
     "tests/test_compile.py",
 )
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
+CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -117,8 +136,13 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
     "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS,
     "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
-    "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS
+    + CONFUSION_MATRIX_PROJECT_TESTS,
     "src/torchmetrics/utilities/compute.py": CLASSIFICATION_PROJECT_TESTS,
+    "src/torchmetrics/classification/confusion_matrix.py": CONFUSION_MATRIX_PROJECT_TESTS,
+    "src/torchmetrics/functional/classification/confusion_matrix.py": CONFUSION_MATRIX_PROJECT_TESTS,
+    "src/torchmetrics/functional/classification/jaccard.py": CONFUSION_MATRIX_PROJECT_TESTS,
+    "src/torchmetrics/functional/classification/matthews_corrcoef.py": CONFUSION_MATRIX_PROJECT_TESTS,
 }
 
 
@@ -688,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         "--heavy",
         choices=("all", "subset"),
         default="all",
-        help="the heavy classification suites: all five, or the stat-scores and accuracy files (CI)",
+        help="the heavy classification suites: all nine, or the stat-scores, accuracy and confusion-matrix files (CI)",
     )
 
     args = parser.parse_args(argv)
