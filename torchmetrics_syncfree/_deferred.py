@@ -185,6 +185,22 @@ def counters_of(metric: Any) -> Tensor | None:
     return metric.__dict__.get(STATE)
 
 
+def keep_kinds(metric: Any, kinds: tuple[Check, ...], size: int = 1) -> None:
+    """Report ``kinds`` from now on (a tuple comparison when they are unchanged: cheap enough for every update).
+
+    For metrics whose checks depend on attributes set after the base ``__init__`` added the counters (CohenKappa,
+    AUROC, ... set ``validate_args`` afterwards); a metric made before the patch gets its ``size`` counters here.
+    """
+    if kinds_of(metric) == kinds:
+        return
+    if counters_of(metric) is None:
+        add_checks(metric, kinds, size)
+        counters = counters_of(metric).to(metric.device)
+        setattr(metric, STATE, counters)
+        mark_zero(counters)
+    object.__setattr__(metric, KINDS, kinds)
+
+
 def _ensure_counters(metric: Any, kind: Check) -> Tensor:
     """The counters of ``metric`` with ``kind`` among its kinds; added for a metric made before the patch."""
     counters = counters_of(metric)

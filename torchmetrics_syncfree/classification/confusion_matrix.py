@@ -48,7 +48,6 @@ Deliberate deviations from stock (tested in ``tests/test_confusion_matrix.py``):
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -58,13 +57,15 @@ from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.stat_scores import (
     _check_binary_values,
+    _checked_init,
     _confusion_bins,
     _count,
     _multiclass_stat_scores_tensor_validation,
     _safe_divide,
+    _stock,
     _without_invalid,
     normalize_logits_if_needed,
 )
@@ -82,11 +83,6 @@ NAN_IN_NORMALIZED = _deferred.Check(
     "NaN values found in confusion matrix have been replaced with zeros.",
     UserWarning,
 )
-
-
-@functools.cache
-def _stock(target: str) -> Any:
-    return get_original(target)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -228,10 +224,6 @@ def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
     return ()
 
 
-def _add_checks(self: Any) -> None:
-    _deferred.add_checks(self, _kinds(self), size=2)
-
-
 def _confmat_update(self: Any, invalid: Tensor | None, confmat: Tensor) -> None:
     (confmat,) = _without_invalid(invalid, confmat)
     self.confmat.add_(confmat)
@@ -244,12 +236,7 @@ def _refresh_kinds(self: Any) -> None:
     CohenKappa, MatthewsCorrCoef and JaccardIndex call the confusion matrix's ``__init__`` with
     ``validate_args=False`` and set the attribute afterwards.
     """
-    kinds = _kinds(self)
-    if _deferred.kinds_of(self) != kinds:
-        if _deferred.counters_of(self) is None:  # made before the patch
-            _add_checks(self)
-            setattr(self, _deferred.STATE, _deferred.counters_of(self).to(self.confmat.device))
-        object.__setattr__(self, _deferred.KINDS, kinds)
+    _deferred.keep_kinds(self, _kinds(self), size=2)
 
 
 def _labels_checked(self: Any, target: Tensor) -> bool:
@@ -257,34 +244,18 @@ def _labels_checked(self: Any, target: Tensor) -> bool:
     return self.validate_args and _deferred.reads_are_free(target)
 
 
-@replaces(
+_binary_init = replaces(
     f"{_MODULE}.BinaryConfusionMatrix.__init__",
     params=("self", "threshold", "ignore_index", "normalize", "validate_args", "kwargs"),
-)
-def _binary_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.BinaryConfusionMatrix.__init__")(self, *args, **kwargs)
-    _add_checks(self)
-
-
-@replaces(
+)(_checked_init(f"{_MODULE}.BinaryConfusionMatrix.__init__", __name__, _kinds, size=2))
+_multiclass_init = replaces(
     f"{_MODULE}.MulticlassConfusionMatrix.__init__",
     params=("self", "num_classes", "ignore_index", "normalize", "validate_args", "kwargs"),
-)
-def _multiclass_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.MulticlassConfusionMatrix.__init__")(self, *args, **kwargs)
-    _add_checks(self)
-
-
-@replaces(
+)(_checked_init(f"{_MODULE}.MulticlassConfusionMatrix.__init__", __name__, _kinds, size=2))
+_multilabel_init = replaces(
     f"{_MODULE}.MultilabelConfusionMatrix.__init__",
     params=("self", "num_labels", "threshold", "ignore_index", "normalize", "validate_args", "kwargs"),
-)
-def _multilabel_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.MultilabelConfusionMatrix.__init__")(self, *args, **kwargs)
-    _add_checks(self)
+)(_checked_init(f"{_MODULE}.MultilabelConfusionMatrix.__init__", __name__, _kinds, size=2))
 
 
 @replaces(f"{_MODULE}.BinaryConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")

@@ -25,7 +25,6 @@ still appends its rows to the list state, with zero matches (its shape is known;
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -34,8 +33,9 @@ from torch import Tensor
 from torchmetrics.functional.classification.stat_scores import _multiclass_stat_scores_format
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.stat_scores import (
+    _checked_init,
     _multiclass_stat_scores_tensor_validation,
     _validated_multilabel,
     _without_invalid,
@@ -45,11 +45,6 @@ _FUNCTIONAL = "torchmetrics.functional.classification.exact_match"
 _MODULE = "torchmetrics.classification.exact_match"
 #: torchmetrics 1.7 added ``ignore_index`` to the multilabel update (an ignored label counts as matched)
 _MULTILABEL_IGNORES = RequirementCache("torchmetrics>=1.7.0")
-
-
-@functools.cache
-def _stock(target: str) -> Any:
-    return get_original(target)
 
 
 @replaces(
@@ -92,10 +87,6 @@ def _multilabel_exact_match_update(
     return correct, total
 
 
-def _add_checks(self: Any) -> None:
-    _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if self.validate_args else ())
-
-
 def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Tensor) -> None:
     """Stock's state update, in place for the tensor states (a captured CUDA graph replays into them)."""
     if self.multidim_average == "samplewise":
@@ -110,24 +101,14 @@ def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Ten
     _deferred.sweep(self)
 
 
-@replaces(
+_multiclass_init = replaces(
     f"{_MODULE}.MulticlassExactMatch.__init__",
     params=("self", "num_classes", "multidim_average", "ignore_index", "validate_args", "kwargs"),
-)
-def _multiclass_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.MulticlassExactMatch.__init__")(self, *args, **kwargs)
-    _add_checks(self)
-
-
-@replaces(
+)(_checked_init(f"{_MODULE}.MulticlassExactMatch.__init__", __name__))
+_multilabel_init = replaces(
     f"{_MODULE}.MultilabelExactMatch.__init__",
     params=("self", "num_labels", "threshold", "multidim_average", "ignore_index", "validate_args", "kwargs"),
-)
-def _multilabel_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.MultilabelExactMatch.__init__")(self, *args, **kwargs)
-    _add_checks(self)
+)(_checked_init(f"{_MODULE}.MultilabelExactMatch.__init__", __name__))
 
 
 @replaces(f"{_MODULE}.MulticlassExactMatch.update", params=("self", "preds", "target"), kind="metric_method")

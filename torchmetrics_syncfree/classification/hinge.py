@@ -33,7 +33,6 @@ Deliberate deviations from stock:
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -45,21 +44,16 @@ from torchmetrics.functional.classification.confusion_matrix import (
 from torchmetrics.functional.classification.hinge import _binary_hinge_loss_update, _multiclass_hinge_loss_update
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.confusion_matrix import (
     _binary_confusion_matrix_tensor_validation,
     _multiclass_confusion_matrix_tensor_validation,
     _probabilities,
 )
-from torchmetrics_syncfree.classification.stat_scores import _without_invalid
+from torchmetrics_syncfree.classification.stat_scores import _checked_init, _stock, _without_invalid
 
 _FUNCTIONAL = "torchmetrics.functional.classification.hinge"
 _MODULE = "torchmetrics.classification.hinge"
-
-
-@functools.cache
-def _stock(target: str) -> Any:
-    return get_original(target)
 
 
 def _raise_if_not_float(preds: Tensor) -> None:
@@ -160,10 +154,6 @@ def _multiclass_hinge_measures(
     return measures.sum(dim=0), kept.sum()
 
 
-def _add_checks(self: Any) -> None:
-    _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if self.validate_args else ())
-
-
 def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Tensor | int) -> None:
     if invalid is not None:
         if not isinstance(total, Tensor):
@@ -174,24 +164,14 @@ def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Te
     _deferred.sweep(self)
 
 
-@replaces(
+_binary_init = replaces(
     f"{_MODULE}.BinaryHingeLoss.__init__",
     params=("self", "squared", "ignore_index", "validate_args", "kwargs"),
-)
-def _binary_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.BinaryHingeLoss.__init__")(self, *args, **kwargs)
-    _add_checks(self)
-
-
-@replaces(
+)(_checked_init(f"{_MODULE}.BinaryHingeLoss.__init__", __name__))
+_multiclass_init = replaces(
     f"{_MODULE}.MulticlassHingeLoss.__init__",
     params=("self", "num_classes", "squared", "multiclass_mode", "ignore_index", "validate_args", "kwargs"),
-)
-def _multiclass_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counter of the validation check."""
-    _stock(f"{_MODULE}.MulticlassHingeLoss.__init__")(self, *args, **kwargs)
-    _add_checks(self)
+)(_checked_init(f"{_MODULE}.MulticlassHingeLoss.__init__", __name__))
 
 
 @replaces(f"{_MODULE}.BinaryHingeLoss.update", params=("self", "preds", "target"), kind="metric_method")

@@ -51,24 +51,22 @@ from torchmetrics.functional.classification.precision_recall_curve import (
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.confusion_matrix import _cells, _probabilities
 from torchmetrics_syncfree.classification.stat_scores import (
+    _checked_init,
     _file_invalid,
     _not_a_class,
     _outside,
     _raise_not_a_class,
+    _stock,
+    _validation_kinds,
     _without_invalid,
     normalize_logits_if_needed,
 )
 
 _FUNCTIONAL = "torchmetrics.functional.classification.precision_recall_curve"
 _MODULE = "torchmetrics.classification.precision_recall_curve"
-
-
-@functools.cache
-def _stock(target: str) -> Any:
-    return get_original(target)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -245,12 +243,7 @@ def _refresh_kinds(self: Any) -> None:
     AUROC, AveragePrecision, ROC and LogAUC call the curve's ``__init__`` with ``validate_args=False`` and set the
     attribute afterwards.
     """
-    kinds = (_deferred.INVALID_VALUES,) if self.validate_args else ()
-    if _deferred.kinds_of(self) != kinds:
-        if _deferred.counters_of(self) is None:  # made before the patch
-            _deferred.add_checks(self, kinds)
-            setattr(self, _deferred.STATE, _deferred.counters_of(self).to(self.device))
-        object.__setattr__(self, _deferred.KINDS, kinds)
+    _deferred.keep_kinds(self, _validation_kinds(self))
 
 
 def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tensor, Tensor]) -> None:
@@ -267,23 +260,15 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
     _deferred.sweep(self)
 
 
-def _init_with_checks(stock_init: str):
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        _stock(stock_init)(self, *args, **kwargs)
-        _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if self.validate_args else ())
-
-    __init__.__doc__ = "Stock's ``__init__``, plus the counter of the validation check."
-    return __init__
-
-
+# ``params=None``: the signatures differ between releases (1.8 added ``normalization``); the stand-ins forward them
 _binary_init = replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", params=None)(
-    _init_with_checks(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__")
+    _checked_init(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__)
 )
 _multiclass_init = replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", params=None)(
-    _init_with_checks(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__")
+    _checked_init(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", __name__)
 )
 _multilabel_init = replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", params=None)(
-    _init_with_checks(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__")
+    _checked_init(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", __name__)
 )
 
 

@@ -643,6 +643,28 @@ def _multiclass_stat_scores_update(
 # the metrics: updates that pass themselves to the validation, leave invalid batches out, report at their end
 
 
+def _validation_kinds(metric: Any) -> tuple[_deferred.Check, ...]:
+    """The check of ``validate_args``: reported when the metric validates, nothing otherwise."""
+    return (_deferred.INVALID_VALUES,) if metric.validate_args else ()
+
+
+def _checked_init(
+    target: str, module: str, kinds: Callable[[Any], tuple[_deferred.Check, ...]] = _validation_kinds, size: int = 1
+) -> Callable[..., None]:
+    """A replacement of the ``__init__`` at ``target``: stock's, then the metric's ``size`` check counters.
+
+    ``module`` is the declaring area's module (the registry finds a replacement's area by its ``__module__``).
+    """
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _stock(target)(self, *args, **kwargs)
+        _deferred.add_checks(self, kinds(self), size=size)
+
+    __init__.__module__ = module
+    __init__.__doc__ = "Stock's ``__init__``, plus the counters of the metric's checks."
+    return __init__
+
+
 def _without_invalid(invalid: Tensor | None, *counts: Tensor) -> tuple[Tensor, ...]:
     """The counts of an update, all zero when its validation flag is set (the batch never enters the state)."""
     if invalid is None:
