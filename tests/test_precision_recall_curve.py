@@ -225,3 +225,30 @@ def test_update_traces_without_a_graph_break(task: str) -> None:
         explanation = torch._dynamo.explain(lambda p, t: metric.update(p, t))(preds, target)
     torch._dynamo.reset()
     assert [str(r.reason).split("\n")[0] for r in explanation.break_reasons] == []
+
+
+def test_compute_group_members_and_copies_report_the_pending_error(syncfree: Any) -> None:
+    """The counters are state: a MetricCollection compute group (curve, ROC, AveragePrecision: the latter two set
+    ``validate_args`` after the curve's ``__init__``) shares them, a clone carries them, ``reset()`` reports them."""
+    collection = torchmetrics.MetricCollection(
+        {
+            "curve": _make("PrecisionRecallCurve", "binary", 5, None),
+            "roc": _make("ROC", "binary", 5, None),
+            "ap": _make("AveragePrecision", "binary", 5, None),
+        },
+        compute_groups=True,
+    )
+    good, bad = (torch.tensor([0.2, 0.7]), torch.tensor([0, 1])), (torch.tensor([0.2, 0.7]), torch.tensor([0, 2]))
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        collection.update(*good)
+        collection.update(*bad)
+        assert len(collection.compute_groups) == 1
+        twin = collection["ap"].clone()
+        for name in ("curve", "roc", "ap"):
+            with pytest.raises(RuntimeError, match="not valid"):
+                collection[name].compute()
+            collection[name].reset()
+        with pytest.raises(RuntimeError, match="not valid"):
+            twin.reset()
+        twin.update(*good)
+        torch.testing.assert_close(twin.compute(), torch.tensor(1.0))
