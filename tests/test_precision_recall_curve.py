@@ -111,7 +111,9 @@ def test_parity_with_stock(name: str, path: str) -> None:
     """forward() per batch and compute(): stock's values, dtypes and shapes (curves: every tensor of the tuples)."""
     cases = _cases(name, tuple(THRESHOLDS))
     wrapped = {label: ((lambda make=make: _Flattening(make())), data) for label, (make, data) in cases.items()}
-    parity(wrapped, path=path)
+    # AUROC's and AveragePrecision's device-path computes sum in another order (tests/test_curve_computes.py)
+    rtol = 1e-6 if path == "device" and name in ("AUROC", "AveragePrecision") else 0.0
+    parity(wrapped, path=path, rtol=lambda label: rtol)
 
 
 class _Flattening:

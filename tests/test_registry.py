@@ -351,16 +351,21 @@ def _example_metrics() -> list[Any]:
     """One metric of each family whose methods the registry patches."""
     from torchmetrics.aggregation import CatMetric, MaxMetric, MinMetric
     from torchmetrics.classification import (
+        BinaryAUROC,
+        BinaryAveragePrecision,
         BinaryConfusionMatrix,
         BinaryHingeLoss,
         BinaryPrecisionRecallCurve,
         BinaryStatScores,
+        MulticlassAUROC,
         MulticlassAveragePrecision,
         MulticlassCohenKappa,
         MulticlassConfusionMatrix,
         MulticlassExactMatch,
         MulticlassHingeLoss,
         MulticlassStatScores,
+        MultilabelAUROC,
+        MultilabelAveragePrecision,
         MultilabelConfusionMatrix,
         MultilabelExactMatch,
         MultilabelROC,
@@ -387,6 +392,11 @@ def _example_metrics() -> list[Any]:
         BinaryPrecisionRecallCurve(thresholds=5),
         MulticlassAveragePrecision(num_classes=3),  # sets validate_args after the curve's __init__
         MultilabelROC(num_labels=3),
+        BinaryAUROC(max_fpr=0.5),
+        MulticlassAUROC(num_classes=3),
+        MultilabelAUROC(num_labels=3, thresholds=5),
+        BinaryAveragePrecision(),
+        MultilabelAveragePrecision(num_labels=3),
     ]
 
 

@@ -46,6 +46,12 @@ register_area(
     "torchmetrics_syncfree.classification.precision_recall_curve",
     requires=("metric", "confusion_matrix"),
 )
+register_area("auroc", "torchmetrics_syncfree.classification.auroc", requires=("metric", "precision_recall_curve"))
+register_area(
+    "average_precision",
+    "torchmetrics_syncfree.classification.average_precision",
+    requires=("metric", "precision_recall_curve"),
+)
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
 
 __all__ = [

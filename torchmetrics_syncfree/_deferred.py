@@ -220,7 +220,9 @@ def record(metric: Any, kind: Check, flag: Tensor) -> bool:
     """File the 0-dim bool ``flag`` ("this update has the problem ``kind``") for ``metric``.
 
     Where reads are free the flag is read at once and, if set, reported at once (an error raises before the update
-    changes anything). On the device path it is added to the metric's counter in place and reported later.
+    changes anything). On the device path it is added to the metric's counter in place and reported later. ``flag``
+    may also be a 0-dim integer count (a ``compute`` that finds the problem in several classes warns once per class,
+    as stock).
 
     Returns:
         ``False`` when the flag is known to be clear, ``True`` when it is set or not read: callers use this to skip
@@ -228,8 +230,9 @@ def record(metric: Any, kind: Check, flag: Tensor) -> bool:
 
     """
     if reads_are_free(flag):
-        if flag:
-            kind.report(1)
+        count = int(flag)
+        if count:
+            kind.report(count)
             return True
         return False
     counters = _ensure_counters(metric, kind)

@@ -208,11 +208,13 @@ _CONFUSION_MATRIX_MODULES = {
 
 
 #: modules of classification metrics that are a patch area of their own, named as the module
-_OWN_AREA_MODULES = {f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match")}
-#: modules of the metrics built on ``*PrecisionRecallCurve``, whose update the ``precision_recall_curve`` area patches
-_CURVE_MODULES = {
-    f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc", "auroc", "average_precision")
+#: modules patched by an area of their own name (AUROC and AveragePrecision: their compute; the update is the curve's,
+#: whose area theirs requires)
+_OWN_AREA_MODULES = {
+    f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match", "auroc", "average_precision")
 }
+#: modules of the metrics built on ``*PrecisionRecallCurve``, whose update the ``precision_recall_curve`` area patches
+_CURVE_MODULES = {f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc")}
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,8 @@ def catalogue() -> list[Config]:
         configs.append(Config(f"AUROC(task='binary', thresholds={thresholds})"))
         configs.append(Config(f"AUROC(task='multiclass', num_classes={NUM_CLASSES}, thresholds={thresholds})"))
         configs.append(Config(f"AveragePrecision(task='multilabel', num_labels={NUM_LABELS}, thresholds={thresholds})"))
+    configs.append(Config("AUROC(task='binary', max_fpr=0.5)"))
+    configs.append(Config(f"AveragePrecision(task='multiclass', num_classes={NUM_CLASSES}, average='weighted')"))
     configs.append(Config(f"PrecisionRecallCurve(task='multiclass', num_classes={NUM_CLASSES}, thresholds=100)"))
     configs.append(Config("ROC(task='binary', thresholds=100)"))
     configs.append(Config("HingeLoss(task='binary')"))

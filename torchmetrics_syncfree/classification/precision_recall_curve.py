@@ -49,6 +49,7 @@ from torchmetrics.functional.classification.precision_recall_curve import (
     _multilabel_precision_recall_curve_format,
 )
 from torchmetrics.utilities.checks import _check_same_shape
+from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
@@ -60,13 +61,45 @@ from torchmetrics_syncfree.classification.stat_scores import (
     _outside,
     _raise_not_a_class,
     _stock,
-    _validation_kinds,
     _without_invalid,
     normalize_logits_if_needed,
 )
 
 _FUNCTIONAL = "torchmetrics.functional.classification.precision_recall_curve"
 _MODULE = "torchmetrics.classification.precision_recall_curve"
+
+
+#: Stock's compute-time warnings of the family, filed on the device path as deferred warnings of the metric.
+NO_NEGATIVES = _deferred.Check(
+    "roc.no-negatives",
+    "No negative samples in targets, false positive value should be meaningless. Returning zero tensor in false"
+    " positive score",
+    UserWarning,
+)
+NO_POSITIVES = _deferred.Check(
+    "roc.no-positives",
+    "No positive samples in targets, true positive value should be meaningless. Returning zero tensor in true"
+    " positive score",
+    UserWarning,
+)
+UNDEFINED_RECALL = _deferred.Check(
+    "precision_recall_curve.undefined-recall",
+    "No positive samples found in target, recall is undefined. Setting recall to one for all thresholds.",
+    UserWarning,
+)
+# stock's reductions of AUROC and AveragePrecision share this message (AUROC's says "average precision" too)
+NAN_IN_MACRO = _deferred.Check(
+    "reduce.nan-macro",
+    "Average precision score for one or more classes was `nan`. Ignoring these classes in macro-average",
+    UserWarning,
+)
+NAN_IN_WEIGHTED = _deferred.Check(
+    "reduce.nan-weighted",
+    "Average precision score for one or more classes was `nan`. Ignoring these classes in weighted-average",
+    UserWarning,
+)
+#: the counters of every metric of the family, in this order (:func:`_family_kinds`)
+FAMILY_KINDS = (_deferred.INVALID_VALUES, NO_NEGATIVES, NO_POSITIVES, UNDEFINED_RECALL, NAN_IN_MACRO, NAN_IN_WEIGHTED)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -234,16 +267,102 @@ def _multilabel_curve_state(
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# unbinned curves with fixed shapes (compute on the device path)
+
+
+def _ranked_counts(scores: Tensor, positive: Tensor, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Stock's ``_binary_clf_curve`` of every column of ``scores`` ``(N, G)``, with fixed shapes: ``(tps, fps)``.
+
+    Stock keeps one point per distinct score (``torch.where(preds[1:] - preds[:-1])``: a data-dependent length, read
+    on the host). Here every entry keeps a point, in descending score order, holding the counts at the end of its tie
+    group: the points of a tie group coincide, so the curve through all ``N`` points is stock's curve with repeated
+    points, which add zero-width trapezoids and zero recall steps. Entries of ``weight`` 0 (ignored) count nothing:
+    their points repeat the ones before. The counts are float in the default dtype, as stock's ``target * 1.0``.
+    """
+    order = scores.argsort(dim=0, descending=True)
+    ranked = scores.gather(0, order)
+    hits = positive.gather(0, order).to(torch.get_default_dtype())
+    if weight is None:
+        misses = 1 - hits
+    else:
+        kept = weight.gather(0, order).to(hits.dtype)
+        hits, misses = hits * kept, (1 - hits) * kept
+    tps, fps = hits.cumsum(0), misses.cumsum(0)
+    num_entries = scores.shape[0]
+    # stock's test for a new threshold (a difference, so that NaN and inf behave as in stock); the last entry ends one
+    group_ends = torch.cat([(ranked[1:] - ranked[:-1]) != 0, torch.ones_like(ranked[:1], dtype=torch.bool)])
+    position = torch.arange(num_entries, device=scores.device).unsqueeze(1).expand_as(ranked)
+    end_of_group = torch.where(group_ends, position, num_entries - 1).flip(0).cummin(0).values.flip(0)
+    return tps.gather(0, end_of_group), fps.gather(0, end_of_group)
+
+
+def _average_ignoring_nan(metric: Any, res: Tensor, average: str | None, weights: Tensor | None) -> Tensor:
+    """Stock's ``_reduce_auroc``/``_reduce_average_precision`` after ``res``, without boolean indexing.
+
+    ``res[idx].mean()`` becomes a NaN-ignoring mean, the weighted sum zeroes the weights of NaN classes; the warning is
+    a deferred warning of ``metric``. Values equal stock's up to the order of the sums.
+    """
+    if average is None or average == "none":
+        return res
+    nan = res.isnan()
+    if average == "macro":
+        _file_warning(metric, NAN_IN_MACRO, nan.any())
+        return res.nanmean()
+    if average == "weighted" and weights is not None:
+        _file_warning(metric, NAN_IN_WEIGHTED, nan.any())
+        weights = weights if weights.is_floating_point() else weights.float()
+        weights = weights.masked_fill(nan, 0)
+        total = weights.sum()
+        weights = torch.where(total != 0, weights / total, torch.zeros_like(weights))
+        return (res.masked_fill(nan, 0) * weights).sum()
+    raise ValueError("Received an incompatible combinations of inputs to make reduction.")
+
+
+def _list_state(metric: Any) -> tuple[Tensor, Tensor]:
+    """Stock's unbinned state: all preds and targets so far."""
+    return dim_zero_cat(metric.preds), dim_zero_cat(metric.target)
+
+
+def _state_tensor(metric: Any) -> Tensor:
+    """A tensor of the state: whether reads of it are free decides between stock's compute and the sync-free one."""
+    return metric.confmat if metric.thresholds is not None else _list_state(metric)[0]
+
+
+def _class_counts(target: Tensor, num_classes: int) -> Tensor:
+    """Stock's ``_bincount(target, minlength=num_classes).float()`` of valid labels, with a fixed shape."""
+    return (target.unsqueeze(1) == torch.arange(num_classes, device=target.device)).sum(0).float()
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # the metrics
 
 
-def _refresh_kinds(self: Any) -> None:
-    """Keep the reported kinds in step with ``validate_args`` (a tuple comparison per update).
+def _family_kinds(self: Any) -> tuple[_deferred.Check, ...]:
+    """The checks every metric of the family reports, one fixed slot each.
 
-    AUROC, AveragePrecision, ROC and LogAUC call the curve's ``__init__`` with ``validate_args=False`` and set the
-    attribute afterwards.
+    The slots are the same for every member (curve, ROC, AUROC, AveragePrecision, LogAUC) and every setting: members
+    with equal states share them in a ``MetricCollection`` compute group, where a count filed by one member's
+    ``compute`` is reported by whichever member reaches an eager point first. ``validate_args=False`` only means
+    that the first slot is never filed.
     """
-    _deferred.keep_kinds(self, _validation_kinds(self))
+    return FAMILY_KINDS
+
+
+def _refresh_kinds(self: Any) -> None:
+    """Give a metric made before the patch its counters (a tuple comparison per update otherwise)."""
+    _deferred.keep_kinds(self, FAMILY_KINDS, size=len(FAMILY_KINDS))
+
+
+def _file_warning(metric: Any, kind: _deferred.Check, count: Tensor) -> None:
+    """File a warning of ``compute`` on the device path: ``count`` (0-dim) warnings at the metric's next eager point.
+
+    Under ``torch.distributed`` only rank zero files it: stock warns with ``rank_zero_warn``, and the counters are
+    summed across ranks.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+        return
+    _refresh_kinds(metric)
+    _deferred.record(metric, kind, count)
 
 
 def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tensor, Tensor]) -> None:
@@ -262,13 +381,13 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
 
 # ``params=None``: the signatures differ between releases (1.8 added ``normalization``); the stand-ins forward them
 _binary_init = replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", params=None)(
-    _checked_init(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__)
+    _checked_init(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
 )
 _multiclass_init = replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", params=None)(
-    _checked_init(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", __name__)
+    _checked_init(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
 )
 _multilabel_init = replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", params=None)(
-    _checked_init(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", __name__)
+    _checked_init(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
 )
 
 

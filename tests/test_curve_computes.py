@@ -1,0 +1,286 @@
+"""AUROC and AveragePrecision ``compute()`` (areas ``auroc`` and ``average_precision``): stock's values on both
+patched paths, no would-be sync in ``forward``/``compute`` on the device path (binned and unbinned), stock's warnings
+deferred to the next eager point (once each), ``max_fpr``, compute groups, the documented float32 deviation."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torchmetrics
+from torch import Tensor
+
+import torchmetrics_syncfree
+from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
+from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree.classification import precision_recall_curve
+
+#: the averages of each task (binary: none)
+AVERAGES = {
+    "binary": (None,),
+    "multiclass": ("macro", "weighted", "none"),
+    "multilabel": ("micro", "macro", "weighted", "none"),
+}
+IGNORE = {"binary": (None, -1), "multiclass": (None, -1), "multilabel": (None, -1)}
+THRESHOLDS: dict[str, Any] = {"None": None, "7": 7, "tensor": torch.tensor([0.0, 0.2, 0.5, 0.5, 0.9])}
+#: device-path values differ from stock's in the order of float sums only (repeated points add exact zeros)
+RTOL = 1e-6
+
+
+def _make(name: str, task: str, thresholds: Any, ignore_index: int | None, average: str | None, **kwargs: Any) -> Any:
+    size = {"multiclass": {"num_classes": NUM_CLASSES}, "multilabel": {"num_labels": NUM_CLASSES}}.get(task, {})
+    if average is not None:
+        kwargs["average"] = average
+    if isinstance(thresholds, Tensor):
+        thresholds = thresholds.clone()
+    return getattr(torchmetrics, name)(task=task, thresholds=thresholds, ignore_index=ignore_index, **size, **kwargs)
+
+
+def _batches(task: str, ignore_index: int | None, seed: int, n: int = 24) -> list[tuple[Tensor, Tensor]]:
+    """float32 scores: probabilities, logits, ties (rounded scores), an extra dimension; multiclass: the last class
+    never occurs (a NaN AveragePrecision in stock); with ``ignore_index`` a quarter of the targets ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = {"binary": (n,), "multiclass": (n, NUM_CLASSES), "multilabel": (n, NUM_CLASSES)}[task]
+    out = []
+    for i in range(4):
+        extra = (2,) if i == 3 else ()
+        logits = torch.randn((*shape, *extra), generator=gen) * 2
+        if task == "multiclass":
+            preds = logits if i == 1 else logits.softmax(1)
+            target = torch.randint(0, NUM_CLASSES - 1, (n, *extra), generator=gen)
+        else:
+            preds = logits if i == 1 else logits.sigmoid()
+            target = torch.randint(0, 2, preds.shape, generator=gen)
+        if i == 2:
+            preds = torch.round(preds * 4) / 4
+        if ignore_index is not None:
+            target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
+        out.append((preds, target))
+    return out
+
+
+def _cases(name: str, **kwargs: Any) -> dict[str, Case]:
+    cases = {}
+    for task, averages in AVERAGES.items():
+        for key, thresholds in THRESHOLDS.items():
+            for ignore_index in IGNORE[task]:
+                for average in averages:
+                    label = f"{name}-{task}-{average}-thresholds={key}-ignore={ignore_index}"
+                    make = lambda t=task, th=thresholds, i=ignore_index, a=average: _make(name, t, th, i, a, **kwargs)  # noqa: E731
+                    cases[label] = make, _batches(task, ignore_index, seed=sum(map(ord, label)))
+    return cases
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["AUROC", "AveragePrecision"])
+def test_parity_with_stock(name: str, path: str) -> None:
+    """forward() per batch and compute(): stock's values, dtypes and shapes; to the bit where reads are free."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parity(_cases(name), path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("max_fpr", [0.05, 0.3, 0.5, 0.99])
+def test_partial_auc_parity(path: str, max_fpr: float) -> None:
+    """Binary AUROC with ``max_fpr``, binned and unbinned, also where stock returns the full area (all targets one)."""
+    cases: dict[str, Case] = {}
+    for key, thresholds in THRESHOLDS.items():
+        data = _batches("binary", None, seed=len(key))
+        cases[f"{key}"] = (lambda th=thresholds: _make("AUROC", "binary", th, None, None, max_fpr=max_fpr)), data
+        ones = [(preds, torch.ones_like(target)) for preds, target in data]
+        cases[f"{key}-positives only"] = (
+            (lambda th=thresholds: _make("AUROC", "binary", th, None, None, max_fpr=max_fpr)),
+            ones,
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parity(cases, path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+
+
+def _syncs_of(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
+    counts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with SyncProbe() as probe:
+            metric(*data[0])
+        counts["forward"] = probe.count
+        metric.update(*data[1])
+        with SyncProbe() as probe:
+            metric.compute()
+        counts["compute"] = probe.count
+    return counts
+
+
+@pytest.mark.parametrize("task", list(AVERAGES))
+@pytest.mark.parametrize("key", list(THRESHOLDS))
+def test_forward_and_compute_are_sync_free(syncfree: Any, task: str, key: str) -> None:
+    """0 would-be syncs in forward and compute on the device path, every average and max_fpr; unbinned binary and
+    multiclass with ``ignore_index`` keep stock's boolean mask in update (documented), so they run without it here."""
+    for name in ("AUROC", "AveragePrecision"):
+        for average in AVERAGES[task]:
+            for ignore_index in IGNORE[task]:
+                if key == "None" and ignore_index is not None and task != "multilabel":
+                    continue
+                extra = [{}, {"max_fpr": 0.4}] if (name, task) == ("AUROC", "binary") else [{}]
+                for kwargs in extra:
+                    metric = _make(name, task, THRESHOLDS[key], ignore_index, average, **kwargs)
+                    syncs = _syncs_of(metric, _batches(task, ignore_index, seed=4))
+                    assert syncs == {"forward": 0, "compute": 0}, (name, average, ignore_index, kwargs, syncs)
+
+
+@pytest.mark.parametrize("task", list(AVERAGES))
+def test_stock_compute_syncs_are_seen(task: str) -> None:
+    """The probe sees stock's reads: without the patch these computes do sync (so the test above can fail)."""
+    average = "macro" if task != "binary" else None
+    metric = _make("AveragePrecision", task, None, None, average)
+    assert _syncs_of(metric, _batches(task, None, seed=4))["compute"] > 0
+
+
+def _warnings_of(run: Any) -> Counter[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return Counter(str(w.message) for w in caught if "compute" not in str(w.message))
+
+
+def _stock_warnings(make: Any, data: list[tuple[Tensor, Tensor]]) -> Counter[str]:
+    def run() -> None:
+        metric = make()
+        for preds, target in data:
+            metric.update(preds, target)
+        metric.compute()
+        metric.reset()
+
+    return _warnings_of(run)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    ("name", "task", "average"),
+    [
+        ("AveragePrecision", "multiclass", "macro"),  # class 5 never occurs: NaN score, ignored with a warning
+        ("AveragePrecision", "multiclass", "weighted"),
+        ("AveragePrecision", "binary", None),  # no positives: recall set to one, a warning
+        ("AUROC", "multiclass", "macro"),  # class 5 never occurs: no positives, a warning for it
+        ("AUROC", "multilabel", "none"),  # label 0 never positive, label 1 never negative
+        ("AveragePrecision", "multilabel", "macro"),
+    ],
+)
+def test_compute_warnings_are_stocks_once_each(path: str, name: str, task: str, average: str | None) -> None:
+    """The warnings stock's compute emits reach the user, each as many times as stock emits it: at once where reads are
+    free; on the device path at the next eager point (here: ``reset()``), and none of them twice."""
+    data = _batches(task, None, seed=11)
+    if task == "binary":
+        data = [(preds, torch.zeros_like(target)) for preds, target in data]
+    if task == "multilabel":
+        data = [
+            (preds, target.index_fill(1, torch.tensor([0]), 0).index_fill(1, torch.tensor([1]), 1))
+            for preds, target in data
+        ]
+    make = lambda: _make(name, task, None, None, average)  # noqa: E731
+    expected = _stock_warnings(make, data)
+    assert expected, "the case must make stock warn"
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = make()
+        for preds, target in data:
+            metric.update(preds, target)
+        found = _warnings_of(metric.compute)
+        if path == "device":
+            assert not found  # compute read nothing: the warnings are pending
+            assert pending_checks(metric) == sum(expected.values())
+        found += _warnings_of(metric.reset)
+        assert pending_checks(metric) == 0
+        found += _warnings_of(metric.reset)  # nothing twice
+    assert found == expected
+
+
+def test_forward_warnings_arrive_at_the_end_of_the_forward(syncfree: Any) -> None:
+    """forward() computes on the batch: its warnings are filed inside and reported by forward's own eager end."""
+    make = lambda: _make("AveragePrecision", "multiclass", None, None, "macro")  # noqa: E731
+    preds, target = _batches("multiclass", None, seed=2)[0]
+    with SyncProbe():
+        metric = make()
+        found = _warnings_of(lambda: metric(preds, target))
+    assert found[precision_recall_curve.NAN_IN_MACRO.message] == 1
+    assert pending_checks(metric) == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compute_group_of_auroc_and_average_precision(path: str) -> None:
+    """AUROC and AveragePrecision with equal states share them (and the counters) in a compute group: stock's values,
+    and every warning of both computes once."""
+
+    def make() -> Any:
+        return torchmetrics.MetricCollection(
+            {
+                "auroc": _make("AUROC", "multiclass", None, None, "macro"),
+                "ap": _make("AveragePrecision", "multiclass", None, None, "macro"),
+            },
+            compute_groups=True,
+        )
+
+    data = _batches("multiclass", None, seed=9)
+
+    def run(collection: Any) -> tuple[dict[str, Tensor], Counter[str]]:
+        def go() -> None:
+            for preds, target in data:
+                collection.update(preds, target)
+            run.values = collection.compute()
+            collection.reset()
+
+        found = _warnings_of(go)
+        return run.values, found
+
+    stock_values, stock_found = run(make())
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        collection = make()
+        values, found = run(collection)
+        assert len(collection.compute_groups) == 1
+    for key in stock_values:
+        torch.testing.assert_close(values[key], stock_values[key], rtol=RTOL, atol=0)
+    assert found == stock_found
+
+
+@pytest.mark.parametrize("name", ["AUROC", "AveragePrecision"])
+def test_float64_scores_give_float32_where_stock_promotes(syncfree: Any, name: str) -> None:
+    """Documented deviation (device path): stock's unbinned multiclass value becomes float64 for float64 scores when a
+    class has no positives (its zero rates are ``zeros_like`` the float64 thresholds); here it is float32, the dtype of
+    every other case, with stock's value."""
+    preds, target = _batches("multiclass", None, seed=3)[0]
+    torchmetrics_syncfree.unpatch_all()
+    stock = _make(name, "multiclass", None, None, "macro")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = stock(preds.double(), target)
+    torchmetrics_syncfree.patch_all()
+    with SyncProbe(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = _make(name, "multiclass", None, None, "macro")(preds.double(), target)
+    assert value.dtype == torch.float32
+    if name == "AUROC":
+        assert expected.dtype == torch.float64
+    torch.testing.assert_close(value.double(), expected.double(), rtol=RTOL, atol=0)
+
+
+@pytest.mark.parametrize("name", ["AUROC", "AveragePrecision"])
+def test_unbinned_compute_traces_without_a_graph_break(syncfree: Any, name: str) -> None:
+    """The device path's compute is tensor work: ``torch.compile(fullgraph=True)`` traces it (warnings: counters)."""
+    import importlib
+
+    module = importlib.import_module(
+        f"torchmetrics_syncfree.classification.{'auroc' if name == 'AUROC' else 'average_precision'}"
+    )
+    metric = _make(name, "multiclass", None, None, "weighted")
+    preds, target = _batches("multiclass", None, seed=6)[0]
+    metric.update(preds, target)
+    with SyncProbe():
+        eager = module._multiclass_compute(metric)
+    torch._dynamo.reset()
+    compiled = torch.compile(module._multiclass_compute, fullgraph=True, backend="aot_eager")(metric)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager)

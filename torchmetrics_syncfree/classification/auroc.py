@@ -1,0 +1,160 @@
+"""Sync-free ``compute`` of ``torchmetrics.classification.auroc``: AUROC of every task, binned and unbinned.
+
+The update is the curve's (:mod:`~torchmetrics_syncfree.classification.precision_recall_curve`). Stock's compute
+reads the device on the host in several places; on the device path each becomes fixed-shape tensor work:
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``thresholds=None``: ``_binary_clf_curve``           every column sorted once, counts at the end of each tie
+(``torch.where`` on score differences: a curve       group (:func:`_ranked_counts`): stock's curve with repeated
+of data-dependent length), one per class in a        points, for all classes in one batch of tensor ops
+Python loop
+``if fps[-1] <= 0`` / ``if tps[-1] <= 0`` (zero      ``torch.where``; the warnings are deferred warnings of the
+rates and a warning)                                 metric (one per class, as stock)
+macro/weighted: ``if isnan(res).any()`` (warning),   a NaN-ignoring mean / weights zeroed for NaN classes; the
+``res[~isnan(res)].mean()``                          warning deferred
+weighted, unbinned: ``torch.bincount(target)``       a fixed-shape count of each class
+``max_fpr``: ``fpr.sum() == 0``,                     both results computed, stock's selected with ``torch.where``;
+``tensor(max_fpr, device=...)``,                     ``torch.full``; the points past ``max_fpr`` become copies of
+``tpr[:stop]`` (a data-dependent slice)              the interpolated point (zero-width trapezoids)
+==================================================  ===========================================================
+
+Where reads are free (CPU tensors, eager) ``compute`` is stock's: its numbers to the bit and its warnings at once. On
+the device path the values equal stock's up to the order of floating-point sums (a few ulp; the repeated points add
+exact zeros), and the warnings come at the metric's next eager point (the next update, ``compute()`` or
+``reset()``), once per offending ``compute``. Deviation (documented, tested): for float64 or half scores, stock's
+value takes the scores' dtype when a class has no negatives or no positives (its zero rates are ``zeros_like`` the
+thresholds); here it is always float32, as in every other case.
+
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree.classification.precision_recall_curve import (
+    NO_NEGATIVES,
+    NO_POSITIVES,
+    _average_ignoring_nan,
+    _class_counts,
+    _file_warning,
+    _list_state,
+    _ranked_counts,
+    _state_tensor,
+)
+from torchmetrics_syncfree.classification.stat_scores import _safe_divide, _stock
+
+_FUNCTIONAL = "torchmetrics.functional.classification.auroc"
+_MODULE = "torchmetrics.classification.auroc"
+
+
+def _rates(metric: Any, scores: Tensor, positive: Tensor, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Stock's unbinned ``_binary_roc_compute`` of every column, ``(N + 1, G)``: ``(fpr, tpr)`` from (0, 0) upward.
+
+    A column without negatives (positives) gets zero false (true) positive rates and stock's warning, once per column.
+    """
+    tps, fps = _ranked_counts(scores, positive, weight)
+    origin = torch.zeros_like(tps[:1])
+    tps, fps = torch.cat([origin, tps]), torch.cat([origin, fps])
+    no_negatives, no_positives = fps[-1] <= 0, tps[-1] <= 0
+    _file_warning(metric, NO_NEGATIVES, no_negatives.sum())
+    _file_warning(metric, NO_POSITIVES, no_positives.sum())
+    fpr = torch.where(no_negatives, torch.zeros_like(fps), fps / fps[-1])
+    tpr = torch.where(no_positives, torch.zeros_like(tps), tps / tps[-1])
+    return fpr, tpr
+
+
+def _area(fpr: Tensor, tpr: Tensor) -> Tensor:
+    """Stock's ``_auc_compute_without_check(fpr, tpr, 1.0)`` of every column (the trapezoidal rule)."""
+    return torch.trapz(tpr, fpr, dim=0) * 1.0
+
+
+def _partial_area(fpr: Tensor, tpr: Tensor, max_fpr: float) -> Tensor:
+    """Stock's McClish-corrected partial AUC up to ``max_fpr`` of one non-decreasing curve, with fixed shapes.
+
+    Stock cuts the curve after the last point at or below ``max_fpr`` and appends the interpolated point; here the
+    points past the cut are moved onto the interpolated point instead (zero-width trapezoids). Where stock returns
+    the full area (no false or no true positives at all), so does this, selected on the device. (A binned curve
+    whose rates all stay at or below ``max_fpr``, thresholds above 0 only, fails in stock's ``fpr[stop]``; here the
+    last point stands in for the missing one.)
+    """
+    max_area = torch.full((), max_fpr, device=fpr.device)
+    stop = torch.bucketize(max_area, fpr, out_int32=True, right=True)
+    # stock's ``fpr[stop - 1]`` wraps around to the last point when no point is at or below ``max_fpr``
+    below, above = torch.remainder(stop - 1, fpr.numel()), stop.clamp(max=fpr.numel() - 1)
+    bracket = torch.stack([below, above]).long()  # indexed by a tensor (``fpr[below]`` would read ``below``)
+    (fpr_below, fpr_above), (tpr_below, tpr_above) = fpr[bracket], tpr[bracket]
+    weight = (max_area - fpr_below) / (fpr_above - fpr_below)
+    interp_tpr = torch.lerp(tpr_below, tpr_above, weight)
+    kept = torch.arange(fpr.numel(), device=fpr.device) < stop
+    cut_fpr = torch.cat([torch.where(kept, fpr, max_area), max_area.view(1)])
+    cut_tpr = torch.cat([torch.where(kept, tpr, interp_tpr), interp_tpr.view(1)])
+    partial_auc = _area(cut_fpr, cut_tpr)
+    min_area = 0.5 * max_area**2
+    corrected = 0.5 * (1 + (partial_auc - min_area) / (max_area - min_area))
+    return torch.where((fpr.sum() == 0) | (tpr.sum() == 0), _area(fpr, tpr), corrected)
+
+
+def _binned_rates(confmat: Tensor) -> tuple[Tensor, Tensor]:
+    """Stock's binned ROC of a ``(T, 2, 2)`` or ``(T, G, 2, 2)`` state, thresholds ascending: ``(fpr, tpr)``."""
+    tps, fps, fns, tns = confmat[..., 1, 1], confmat[..., 0, 1], confmat[..., 1, 0], confmat[..., 0, 0]
+    return _safe_divide(fps, fps + tns).flip(0), _safe_divide(tps, tps + fns).flip(0)
+
+
+@replaces(f"{_MODULE}.BinaryAUROC.compute", params=("self",), kind="metric_method")
+def _binary_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    if _deferred.reads_are_free(_state_tensor(self)):
+        return _stock(f"{_MODULE}.BinaryAUROC.compute")(self)
+    if self.thresholds is not None:
+        fpr, tpr = _binned_rates(self.confmat)
+    else:
+        preds, target = _list_state(self)
+        fpr, tpr = _rates(self, preds.unsqueeze(1), (target == 1).unsqueeze(1))
+        fpr, tpr = fpr.squeeze(1), tpr.squeeze(1)
+    if self.max_fpr is None or self.max_fpr == 1:
+        return _area(fpr, tpr)
+    return _partial_area(fpr, tpr, self.max_fpr)
+
+
+@replaces(f"{_MODULE}.MulticlassAUROC.compute", params=("self",), kind="metric_method")
+def _multiclass_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    if _deferred.reads_are_free(_state_tensor(self)):
+        return _stock(f"{_MODULE}.MulticlassAUROC.compute")(self)
+    if self.thresholds is not None:
+        fpr, tpr = _binned_rates(self.confmat)
+        weights = self.confmat[0][:, 1, :].sum(-1)  # stock's: the positives of each class
+    else:
+        preds, target = _list_state(self)
+        classes = torch.arange(self.num_classes, device=target.device)
+        fpr, tpr = _rates(self, preds, target.unsqueeze(1) == classes)
+        weights = _class_counts(target, self.num_classes)
+    return _average_ignoring_nan(self, _area(fpr, tpr), self.average, weights)
+
+
+@replaces(f"{_MODULE}.MultilabelAUROC.compute", params=("self",), kind="metric_method")
+def _multilabel_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    if _deferred.reads_are_free(_state_tensor(self)):
+        return _stock(f"{_MODULE}.MultilabelAUROC.compute")(self)
+    if self.thresholds is not None:
+        if self.average == "micro":
+            fpr, tpr = _binned_rates(self.confmat.sum(1))
+            return _area(fpr, tpr)
+        fpr, tpr = _binned_rates(self.confmat)
+        return _average_ignoring_nan(self, _area(fpr, tpr), self.average, self.confmat[0][:, 1, :].sum(-1))
+    preds, target = _list_state(self)
+    kept = None if self.ignore_index is None else target != self.ignore_index
+    if self.average == "micro":
+        flat_kept = None if kept is None else kept.reshape(-1, 1)
+        fpr, tpr = _rates(self, preds.reshape(-1, 1), (target == 1).reshape(-1, 1), flat_kept)
+        return _area(fpr, tpr).squeeze(0)
+    fpr, tpr = _rates(self, preds, target == 1, kept)
+    return _average_ignoring_nan(self, _area(fpr, tpr), self.average, (target == 1).sum(dim=0).float())
