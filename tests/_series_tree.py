@@ -211,6 +211,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "hinge": "new in the layer (issue 10); its upstream patch is a later step",
     "exact_match": "new in the layer (issue 10); its upstream patch is a later step",
     "precision_recall_curve": "new in the layer (issue 10); its upstream patch is a later step",
+    "auroc": "new in the layer (issue 10); its upstream patch is a later step",
+    "average_precision": "new in the layer (issue 10); its upstream patch is a later step",
 }
 
 
