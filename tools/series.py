@@ -59,12 +59,16 @@ CONFUSION_MATRIX_SOURCES = (
     "src/torchmetrics/functional/classification/matthews_corrcoef.py",
     "src/torchmetrics/functional/classification/stat_scores.py",
 )
+#: the hinge loss's sources and suite
+HINGE_SOURCES = ("src/torchmetrics/classification/hinge.py", "src/torchmetrics/functional/classification/hinge.py")
+HINGE_TESTS = ("unittests/classification/test_hinge.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/functional/classification/": (CLASSIFICATION_TESTS, True),
     "src/torchmetrics/utilities/compute.py": (CLASSIFICATION_TESTS, True),
     **{path: (CONFUSION_MATRIX_TESTS, True) for path in CONFUSION_MATRIX_SOURCES},
+    **{path: (HINGE_TESTS, True) for path in HINGE_SOURCES},
     "src/torchmetrics/metric.py": (
         (
             "unittests/bases/test_metric.py",
@@ -80,9 +84,10 @@ TESTS_FOR_SOURCE = {
 BASELINES_DIR = REPO / "tools" / "baselines"
 HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if heavy for t in tests}))
 #: ``test --heavy subset`` (CI): the heavy suites cut to the two files CI runs elsewhere, stat scores (the file the
-#: series changes) and accuracy; ``--heavy all`` runs all nine, the confusion-matrix family's four included (those add
-#: ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
-#: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series)
+#: series changes) and accuracy; ``--heavy all`` runs all of them, the confusion-matrix family's four included (those
+#: add ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
+#: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series), and
+#: the hinge-loss suite (whose tree-mode project suite runs in CI as well)
 HEAVY_SUBSET = ("unittests/classification/test_accuracy.py", "unittests/classification/test_stat_scores.py")
 #: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
 BASELINE_PACKAGES = (
@@ -128,6 +133,7 @@ DEFERRED_PROJECT_TESTS = (
 )
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
+HINGE_PROJECT_TESTS = ("tests/test_hinge.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -143,6 +149,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/functional/classification/confusion_matrix.py": CONFUSION_MATRIX_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/jaccard.py": CONFUSION_MATRIX_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/matthews_corrcoef.py": CONFUSION_MATRIX_PROJECT_TESTS,
+    **dict.fromkeys(HINGE_SOURCES, HINGE_PROJECT_TESTS),
 }
 
 
@@ -554,16 +561,44 @@ class RecordedBaseline:
         return problems
 
 
-def record_baseline(archive: Path, workers: int, tests: Sequence[str] = HEAVY_TESTS) -> Path:
-    """Run ``tests`` on the unpatched ``archive`` and write their outcomes to :func:`baseline_file`."""
+def _record_to_extend(archive: Path, tests: Sequence[str]) -> dict[str, Any]:
+    """The record of ``archive`` that ``baseline --missing`` adds ``tests`` to; it must match the archive and today."""
+    path = baseline_file(archive)
+    if not path.is_file():
+        raise SeriesError(f"no recorded baseline {_shown(path)} to add to: record all heavy suites")
+    data = json.loads(path.read_text())
+    if data["sha256"] != _sha256(archive) or data["versions"] != _versions():
+        raise SeriesError(f"{path.name} was recorded from another archive or with other versions: record all suites")
+    if data["options"] != _run_options(data["tests"]):
+        raise SeriesError(f"{path.name} was recorded with other options for its suites: record all suites")
+    return data
+
+
+def record_baseline(
+    archive: Path, workers: int, tests: Sequence[str] = HEAVY_TESTS, missing_only: bool = False
+) -> Path:
+    """Run ``tests`` on the unpatched ``archive`` and write their outcomes to :func:`baseline_file`.
+
+    ``missing_only``: run only the suites the existing record lacks and add them to it (its snapshot, versions and
+    options must match; the outcomes of the suites it holds are kept).
+    """
+    previous = _record_to_extend(archive, tests) if missing_only else None
+    run = [t for t in tests if t not in previous["tests"]] if previous else list(tests)
+    if not run:
+        return baseline_file(archive)
     with tempfile.TemporaryDirectory(prefix="series-baseline-") as tmp:
         stock = unpack(archive, Path(tmp))
-        outcomes, seconds = _pytest(stock, tests, Path(tmp) / "baseline.xml", workers)
-    return write_baseline(archive, tests, outcomes, seconds)
+        outcomes, seconds = _pytest(stock, run, Path(tmp) / "baseline.xml", workers)
+    return write_baseline(archive, run, outcomes, seconds, previous)
 
 
-def write_baseline(archive: Path, tests: Sequence[str], outcomes: Outcomes, seconds: float) -> Path:
-    """Write the unpatched ``outcomes`` of ``tests`` on ``archive`` (a :func:`_pytest` run) to :func:`baseline_file`."""
+def write_baseline(
+    archive: Path, tests: Sequence[str], outcomes: Outcomes, seconds: float, previous: dict[str, Any] | None = None
+) -> Path:
+    """Write the unpatched ``outcomes`` of ``tests`` on ``archive`` (a :func:`_pytest` run) to :func:`baseline_file`.
+
+    With ``previous`` (a record of other suites of the same archive) the result holds both.
+    """
     grouped: dict[str, list[tuple[str, str]]] = {}
     for name, outcome in outcomes.tests.items():
         grouped.setdefault(_function(name), []).append((name, outcome))
@@ -576,6 +611,13 @@ def write_baseline(archive: Path, tests: Sequence[str], outcomes: Outcomes, seco
             "failed": counts["failed"],
             "digest": _digest(items),
         }
+    if previous is not None:
+        tests = sorted({*previous["tests"], *tests})
+        functions = dict(sorted({**previous["functions"], **functions}.items()))
+        seconds += previous["seconds"]
+    total = Counter()
+    for counts in functions.values():
+        total.update({k: counts[k] for k in ("passed", "skipped", "failed")})
     data = {
         "about": "unpatched outcomes of the heavy upstream suites; regenerate: python tools/series.py baseline",
         "snapshot": archive.name,
@@ -583,7 +625,7 @@ def write_baseline(archive: Path, tests: Sequence[str], outcomes: Outcomes, seco
         "versions": _versions(),
         "tests": list(tests),
         "options": _run_options(tests),
-        "summary": outcomes.summary(),
+        "summary": f"{total['passed']} passed, {total['skipped']} skipped, {total['failed']} failed",
         "seconds": round(seconds),
         "functions": functions,
     }
@@ -707,12 +749,17 @@ def main(argv: list[str] | None = None) -> int:
     p_base = commands.add_parser("baseline", help="record the heavy suites' outcomes on an unpatched snapshot")
     p_base.add_argument("--archive", type=Path, default=SHARED_UPSTREAM / SNAPSHOTS[0])
     p_base.add_argument("-n", "--workers", type=int, default=2)
+    p_base.add_argument(
+        "--missing",
+        action="store_true",
+        help="run only the heavy suites the record lacks and add them to it (same archive, versions and options)",
+    )
     p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
     p_test.add_argument(
         "--heavy",
         choices=("all", "subset"),
         default="all",
-        help="the heavy classification suites: all nine, or the stat-scores, accuracy and confusion-matrix files (CI)",
+        help="the heavy classification suites: all of them, or the stat-scores and accuracy files (CI)",
     )
 
     args = parser.parse_args(argv)
@@ -727,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
             label = snapshot_label(args.archive)
             print(f"{args.dest}: tag upstream = {label}, branch syncfree = {len(commits)} patches")
         elif args.command == "baseline":
-            path = record_baseline(args.archive, args.workers)
+            path = record_baseline(args.archive, args.workers, missing_only=args.missing)
             print(f"{_shown(path)}: {json.loads(path.read_text())['summary']}")
         elif args.command == "make":
             made = make(args.checkout, args.base, args.head, args.series)
