@@ -59,9 +59,14 @@ CONFUSION_MATRIX_SOURCES = (
     "src/torchmetrics/functional/classification/matthews_corrcoef.py",
     "src/torchmetrics/functional/classification/stat_scores.py",
 )
-#: the hinge loss's sources and suite
+#: the hinge loss's and exact match's sources and suites
 HINGE_SOURCES = ("src/torchmetrics/classification/hinge.py", "src/torchmetrics/functional/classification/hinge.py")
 HINGE_TESTS = ("unittests/classification/test_hinge.py",)
+EXACT_MATCH_SOURCES = (
+    "src/torchmetrics/classification/exact_match.py",
+    "src/torchmetrics/functional/classification/exact_match.py",
+)
+EXACT_MATCH_TESTS = ("unittests/classification/test_exact_match.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -69,6 +74,7 @@ TESTS_FOR_SOURCE = {
     "src/torchmetrics/utilities/compute.py": (CLASSIFICATION_TESTS, True),
     **{path: (CONFUSION_MATRIX_TESTS, True) for path in CONFUSION_MATRIX_SOURCES},
     **{path: (HINGE_TESTS, True) for path in HINGE_SOURCES},
+    **{path: (EXACT_MATCH_TESTS, True) for path in EXACT_MATCH_SOURCES},
     "src/torchmetrics/metric.py": (
         (
             "unittests/bases/test_metric.py",
@@ -87,7 +93,7 @@ HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if h
 #: series changes) and accuracy; ``--heavy all`` runs all of them, the confusion-matrix family's four included (those
 #: add ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
 #: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series), and
-#: the hinge-loss suite (whose tree-mode project suite runs in CI as well)
+#: the hinge-loss and exact-match suites (whose tree-mode project suites run in CI as well)
 HEAVY_SUBSET = ("unittests/classification/test_accuracy.py", "unittests/classification/test_stat_scores.py")
 #: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
 BASELINE_PACKAGES = (
@@ -134,6 +140,7 @@ DEFERRED_PROJECT_TESTS = (
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
 HINGE_PROJECT_TESTS = ("tests/test_hinge.py",)
+EXACT_MATCH_PROJECT_TESTS = ("tests/test_exact_match.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -150,6 +157,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/functional/classification/jaccard.py": CONFUSION_MATRIX_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/matthews_corrcoef.py": CONFUSION_MATRIX_PROJECT_TESTS,
     **dict.fromkeys(HINGE_SOURCES, HINGE_PROJECT_TESTS),
+    **dict.fromkeys(EXACT_MATCH_SOURCES, EXACT_MATCH_PROJECT_TESTS),
 }
 
 
