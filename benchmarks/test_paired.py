@@ -73,6 +73,9 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for spec in (
             "HingeLoss(task='multiclass', num_classes={classes})",
             "AUROC(task='multiclass', num_classes={classes}, thresholds=100)",
+            # unbinned (the default): the CPU path computes with stock's functions, so these stay near 1
+            "AUROC(task='multiclass', num_classes={classes})",
+            "AveragePrecision(task='multiclass', num_classes={classes})",
         )
         for classes in (10, 1000)
         for batch in (32, 256)
@@ -261,6 +264,11 @@ DEVICE_PATH = tuple(
         ("F1Score(task='multiclass', num_classes=10, average='macro')", "auto"),
         ("F1Score(task='multiclass', num_classes=1000, average='macro')", "auto"),
         ("F1Score(task='multilabel', num_labels=10, average='macro')", "auto"),
+        # forward computes the batch value: the sorted fixed-shape curves against stock's per-class loop
+        ("AUROC(task='binary')", "auto"),
+        ("AUROC(task='multiclass', num_classes=10)", "auto"),
+        ("AUROC(task='multiclass', num_classes=1000)", "auto"),
+        ("AveragePrecision(task='multilabel', num_labels=10)", "auto"),
     )
 )
 

@@ -25,7 +25,7 @@ AVERAGES = {
     "multiclass": ("macro", "weighted", "none"),
     "multilabel": ("micro", "macro", "weighted", "none"),
 }
-IGNORE = {"binary": (None, -1), "multiclass": (None, -1), "multilabel": (None, -1)}
+IGNORE = {"binary": (None, -1), "multiclass": (None, -1, 1), "multilabel": (None, -1)}
 THRESHOLDS: dict[str, Any] = {"None": None, "7": 7, "tensor": torch.tensor([0.0, 0.2, 0.5, 0.5, 0.9])}
 #: device-path values differ from stock's in the order of float sums only (repeated points add exact zeros)
 RTOL = 1e-6
@@ -119,13 +119,10 @@ def _syncs_of(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
 @pytest.mark.parametrize("task", list(AVERAGES))
 @pytest.mark.parametrize("key", list(THRESHOLDS))
 def test_forward_and_compute_are_sync_free(syncfree: Any, task: str, key: str) -> None:
-    """0 would-be syncs in forward and compute on the device path, every average and max_fpr; unbinned binary and
-    multiclass with ``ignore_index`` keep stock's boolean mask in update (documented), so they run without it here."""
+    """0 would-be syncs in forward and compute on the device path, every average, ``ignore_index`` and max_fpr."""
     for name in ("AUROC", "AveragePrecision"):
         for average in AVERAGES[task]:
             for ignore_index in IGNORE[task]:
-                if key == "None" and ignore_index is not None and task != "multilabel":
-                    continue
                 extra = [{}, {"max_fpr": 0.4}] if (name, task) == ("AUROC", "binary") else [{}]
                 for kwargs in extra:
                     metric = _make(name, task, THRESHOLDS[key], ignore_index, average, **kwargs)
@@ -284,3 +281,52 @@ def test_unbinned_compute_traces_without_a_graph_break(syncfree: Any, name: str)
     compiled = torch.compile(module._multiclass_compute, fullgraph=True, backend="aot_eager")(metric)
     torch._dynamo.reset()
     torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.parametrize("task", ["binary", "multiclass"])
+def test_ignored_entries_kept_by_the_device_path_reach_no_compute(task: str) -> None:
+    """Documented deviation: on the device path the unbinned binary/multiclass update keeps ignored entries in its
+    list state (stock drops them with a boolean mask, one sync per update); every compute of the family leaves them
+    out: ROC and PrecisionRecallCurve (a mask in compute, where their length depends on the data), LogAUC through
+    ROC, AUROC/AveragePrecision (weights of 0), also after ``compute_on_cpu`` moved the state to the CPU."""
+    data = _batches(task, 1 if task == "multiclass" else -1, seed=21)
+    ignore_index = 1 if task == "multiclass" else -1
+    specs = [
+        ("ROC", {}),
+        ("PrecisionRecallCurve", {}),
+        ("LogAUC", {}),
+        ("AUROC", {"compute_on_cpu": True}),
+        ("AveragePrecision", {"compute_on_cpu": True}),
+    ]
+
+    def make(name: str, kwargs: dict[str, Any]) -> Any:
+        average = None if task == "binary" or name not in ("AUROC", "AveragePrecision", "LogAUC") else "macro"
+        return _make(name, task, None, ignore_index, average, **kwargs)
+
+    def flat(out: Any) -> list[Tensor]:
+        items = out if isinstance(out, tuple) else (out,)
+        return [t.double().flatten() for item in items for t in (item if isinstance(item, list) else [item])]
+
+    def values(metric: Any) -> list[Tensor]:
+        for preds, target in data:
+            metric.update(preds, target)
+        return flat(metric.compute())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = {name: values(make(name, kwargs)) for name, kwargs in specs}
+        with torchmetrics_syncfree.patched():
+            with SyncProbe() as probe:
+                patched = {name: make(name, kwargs) for name, kwargs in specs}
+                for metric in patched.values():
+                    for preds, target in data:
+                        metric.update(preds, target)
+            assert probe.count == 0
+            kept_entries = sum(t.numel() for t in patched["ROC"].target)
+            assert kept_entries == sum(t.numel() for _, t in data)  # the ignored entries are in the state
+            with SyncProbe():
+                found = {name: flat(metric.compute()) for name, metric in patched.items()}
+    for name, _ in specs:
+        assert len(found[name]) == len(expected[name]), name
+        for value, reference in zip(found[name], expected[name]):
+            torch.testing.assert_close(value, reference, rtol=RTOL, atol=0, equal_nan=True, msg=name)

@@ -111,9 +111,19 @@ def test_parity_with_stock(name: str, path: str) -> None:
     """forward() per batch and compute(): stock's values, dtypes and shapes (curves: every tensor of the tuples)."""
     cases = _cases(name, tuple(THRESHOLDS))
     wrapped = {label: ((lambda make=make: _Flattening(make())), data) for label, (make, data) in cases.items()}
-    # AUROC's and AveragePrecision's device-path computes sum in another order (tests/test_curve_computes.py)
-    rtol = 1e-6 if path == "device" and name in ("AUROC", "AveragePrecision") else 0.0
-    parity(wrapped, path=path, rtol=lambda label: rtol)
+
+    # AUROC's and AveragePrecision's device-path computes sum in another order (tests/test_curve_computes.py); the
+    # device path's unbinned update applies the sigmoid before it leaves out ignored entries, and on CPU a vectorized
+    # sigmoid differs in the last bit between an element's positions (on a GPU the same element gives the same value)
+    def rtol(label: str) -> float:
+        summed = name in ("AUROC", "AveragePrecision")
+        return (
+            1e-6
+            if path == "device" and (summed or ("thresholds=None" in label and "ignore=None" not in label))
+            else 0.0
+        )
+
+    parity(wrapped, path=path, rtol=rtol)
 
 
 class _Flattening:
@@ -139,12 +149,9 @@ class _Flattening:
 @pytest.mark.parametrize("task", list(IGNORE))
 @pytest.mark.parametrize("key", list(THRESHOLDS))
 def test_update_is_sync_free(syncfree: Any, task: str, key: str) -> None:
-    """0 would-be syncs in update on the device path for every name; with thresholds=None and ignore_index stock's
-    boolean mask stays (binary/multiclass; documented), so that case is checked without ignore_index."""
+    """0 would-be syncs in update on the device path for every name, thresholds setting and ignore_index."""
     for name in NAMES:
         for ignore_index in IGNORE[task]:
-            if key == "None" and ignore_index is not None and task != "multilabel":
-                continue
             metric = _make(name, task, THRESHOLDS[key], ignore_index)
             data = _batches(task, ignore_index, seed=3)
             with SyncProbe() as probe:

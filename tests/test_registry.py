@@ -356,6 +356,7 @@ def _example_metrics() -> list[Any]:
         BinaryConfusionMatrix,
         BinaryHingeLoss,
         BinaryPrecisionRecallCurve,
+        BinaryROC,
         BinaryStatScores,
         MulticlassAUROC,
         MulticlassAveragePrecision,
@@ -363,6 +364,8 @@ def _example_metrics() -> list[Any]:
         MulticlassConfusionMatrix,
         MulticlassExactMatch,
         MulticlassHingeLoss,
+        MulticlassPrecisionRecallCurve,
+        MulticlassROC,
         MulticlassStatScores,
         MultilabelAUROC,
         MultilabelAveragePrecision,
@@ -397,6 +400,9 @@ def _example_metrics() -> list[Any]:
         MultilabelAUROC(num_labels=3, thresholds=5),
         BinaryAveragePrecision(),
         MultilabelAveragePrecision(num_labels=3),
+        BinaryROC(ignore_index=-1),
+        MulticlassROC(num_classes=3),
+        MulticlassPrecisionRecallCurve(num_classes=3, ignore_index=0),
     ]
 
 

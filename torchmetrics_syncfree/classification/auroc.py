@@ -44,6 +44,8 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _average_ignoring_nan,
     _class_counts,
     _file_warning,
+    _ignored_entries_dropped,
+    _kept_entries,
     _list_state,
     _ranked_counts,
     _state_tensor,
@@ -111,12 +113,15 @@ def _binned_rates(confmat: Tensor) -> tuple[Tensor, Tensor]:
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(_state_tensor(self)):
-        return _stock(f"{_MODULE}.BinaryAUROC.compute")(self)
+        with _ignored_entries_dropped(self):
+            return _stock(f"{_MODULE}.BinaryAUROC.compute")(self)
     if self.thresholds is not None:
         fpr, tpr = _binned_rates(self.confmat)
     else:
         preds, target = _list_state(self)
-        fpr, tpr = _rates(self, preds.unsqueeze(1), (target == 1).unsqueeze(1))
+        kept = _kept_entries(self, target)
+        weight = None if kept is None else kept.unsqueeze(1)
+        fpr, tpr = _rates(self, preds.unsqueeze(1), (target == 1).unsqueeze(1), weight)
         fpr, tpr = fpr.squeeze(1), tpr.squeeze(1)
     if self.max_fpr is None or self.max_fpr == 1:
         return _area(fpr, tpr)
@@ -127,15 +132,18 @@ def _binary_compute(self: Any) -> Tensor:
 def _multiclass_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(_state_tensor(self)):
-        return _stock(f"{_MODULE}.MulticlassAUROC.compute")(self)
+        with _ignored_entries_dropped(self):
+            return _stock(f"{_MODULE}.MulticlassAUROC.compute")(self)
     if self.thresholds is not None:
         fpr, tpr = _binned_rates(self.confmat)
         weights = self.confmat[0][:, 1, :].sum(-1)  # stock's: the positives of each class
     else:
         preds, target = _list_state(self)
+        kept = _kept_entries(self, target)
+        weight = None if kept is None else kept.unsqueeze(1).expand_as(preds)
         classes = torch.arange(self.num_classes, device=target.device)
-        fpr, tpr = _rates(self, preds, target.unsqueeze(1) == classes)
-        weights = _class_counts(target, self.num_classes)
+        fpr, tpr = _rates(self, preds, target.unsqueeze(1) == classes, weight)
+        weights = _class_counts(target, self.num_classes, kept)
     return _average_ignoring_nan(self, _area(fpr, tpr), self.average, weights)
 
 

@@ -43,6 +43,8 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _average_ignoring_nan,
     _class_counts,
     _file_warning,
+    _ignored_entries_dropped,
+    _kept_entries,
     _list_state,
     _ranked_counts,
     _state_tensor,
@@ -77,16 +79,24 @@ def _average_precisions(
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free or binned (no reads there); otherwise without host reads."""
     if self.thresholds is not None or _deferred.reads_are_free(_state_tensor(self)):
-        return _stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
+        with _ignored_entries_dropped(self):
+            return _stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
     preds, target = _list_state(self)
-    return _average_precisions(self, preds.unsqueeze(1), (target == 1).unsqueeze(1), (target == 0).all()).squeeze(0)
+    kept = _kept_entries(self, target)
+    if kept is None:
+        return _average_precisions(self, preds.unsqueeze(1), (target == 1).unsqueeze(1), (target == 0).all()).squeeze(0)
+    no_positives = ((target == 0) | ~kept).all()  # stock's (target == 0).all() of the kept entries
+    return _average_precisions(
+        self, preds.unsqueeze(1), (target == 1).unsqueeze(1), no_positives, kept.unsqueeze(1)
+    ).squeeze(0)
 
 
 @replaces(f"{_MODULE}.MulticlassAveragePrecision.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(_state_tensor(self)):
-        return _stock(f"{_MODULE}.MulticlassAveragePrecision.compute")(self)
+        with _ignored_entries_dropped(self):
+            return _stock(f"{_MODULE}.MulticlassAveragePrecision.compute")(self)
     if self.thresholds is not None:
         curve = _multiclass_precision_recall_curve_compute(self.confmat, self.num_classes, self.thresholds)
         precision, recall = curve[0], curve[1]
@@ -94,10 +104,16 @@ def _multiclass_compute(self: Any) -> Tensor:
         weights = self.confmat[0][:, 1, :].sum(-1)
     else:
         preds, target = _list_state(self)
+        kept = _kept_entries(self, target)
         classes = torch.arange(self.num_classes, device=target.device)
-        # stock's curve of class i asks whether every label is 0, not whether none is i (kept)
-        res = _average_precisions(self, preds, target.unsqueeze(1) == classes, (target == 0).all())
-        weights = _class_counts(target, self.num_classes)
+        # stock's curve of class i asks whether every (kept) label is 0, not whether none is i (kept as stock's)
+        if kept is None:
+            res = _average_precisions(self, preds, target.unsqueeze(1) == classes, (target == 0).all())
+        else:
+            no_positives = ((target == 0) | ~kept).all()
+            weight = kept.unsqueeze(1).expand_as(preds)
+            res = _average_precisions(self, preds, target.unsqueeze(1) == classes, no_positives, weight)
+        weights = _class_counts(target, self.num_classes, kept)
     return _average_ignoring_nan(self, res, self.average, weights)
 
 

@@ -22,9 +22,11 @@ a Python loop over thresholds for large batches      counts: O(N log T) work and
 ==================================================  ===========================================================
 
 With ``thresholds=None`` the state is the list of (formatted) preds and targets: its update is validation and
-formatting only, sync-free without ``ignore_index``; with ``ignore_index`` (binary, multiclass) stock removes the
-ignored entries with a boolean mask, which is kept (a data-dependent shape: one sync per update; documented).
-``compute()`` is stock's.
+formatting only. With ``ignore_index`` stock's binary/multiclass update removes the ignored entries with a boolean
+mask (one sync per update); on the device path they stay in the list state and every compute of the family leaves
+them out (:func:`_keeps_ignored_entries`; a documented deviation of the list state). ``compute()`` of the curves is
+stock's on the state without ignored entries; AUROC and AveragePrecision have their own (:mod:`.auroc`,
+:mod:`.average_precision`).
 
 The counts are integers: identical to stock's for every valid input. Deliberate deviations (documented, tested):
 
@@ -39,6 +41,8 @@ The counts are integers: identical to stock's for every valid input. Deliberate 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -328,9 +332,17 @@ def _state_tensor(metric: Any) -> Tensor:
     return metric.confmat if metric.thresholds is not None else _list_state(metric)[0]
 
 
-def _class_counts(target: Tensor, num_classes: int) -> Tensor:
-    """Stock's ``_bincount(target, minlength=num_classes).float()`` of valid labels, with a fixed shape."""
-    return (target.unsqueeze(1) == torch.arange(num_classes, device=target.device)).sum(0).float()
+def _class_counts(target: Tensor, num_classes: int, kept: Tensor | None = None) -> Tensor:
+    """Stock's ``_bincount(target, minlength=num_classes).float()`` of valid (kept) labels, with a fixed shape."""
+    hits = target.unsqueeze(1) == torch.arange(num_classes, device=target.device)
+    return (hits if kept is None else hits & kept.unsqueeze(1)).sum(0).float()
+
+
+def _kept_entries(self: Any, target: Tensor) -> Tensor | None:
+    """The entries of a binary/multiclass list state that are not ignored (``None``: all of them)."""
+    if self.ignore_index is None or _one_hot_state(self):
+        return None
+    return target != self.ignore_index
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -379,6 +391,67 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
     _deferred.sweep(self)
 
 
+def _keeps_ignored_entries(self: Any, target: Tensor) -> bool:
+    """Whether this unbinned binary/multiclass update keeps its ignored entries in the list state.
+
+    Stock drops them with a boolean mask (``preds[target != ignore_index]``: a data-dependent shape, read on the
+    host). On the device path they stay, their targets still ``ignore_index``, and every compute of the family leaves
+    them out (:func:`_ignored_entries_dropped`, or weights of 0 in the fixed-shape AUROC/AveragePrecision). Where
+    reads are free the state is stock's; multiclass ``average="micro"`` (one-hot targets) keeps stock's mask.
+    """
+    return self.ignore_index is not None and not _one_hot_state(self) and not _deferred.reads_are_free(target)
+
+
+def _one_hot_state(self: Any) -> bool:
+    """Multiclass ``average="micro"``: the list state holds one-hot targets (0/1), never ignored entries."""
+    return getattr(self, "average", None) == "micro"
+
+
+@contextmanager
+def _ignored_entries_dropped(self: Any) -> Iterator[None]:
+    """Stock's unbinned list state for the duration of a stock compute.
+
+    Ignored entries kept by the device path's update (:func:`_keeps_ignored_entries`) are dropped with stock's
+    boolean mask. Only the curves whose length depends on the data use this (ROC, PrecisionRecallCurve, LogAUC
+    through ROC), and AUROC/AveragePrecision where reads are free: a compute may read where its result's shape depends
+    on the data.
+    """
+    if self.thresholds is not None or self.ignore_index is None or not self.preds or _one_hot_state(self):
+        yield
+        return
+    preds, target = _list_state(self)
+    kept = target != self.ignore_index
+    states = self.preds, self.target
+    self.preds, self.target = [preds[kept]], [target[kept]]
+    try:
+        yield
+    finally:
+        self.preds, self.target = states
+
+
+def _compute_without_ignored_entries(target: str) -> Callable[[Any], Any]:
+    """A replacement of the ``compute`` at ``target``: stock's, on the list state without ignored entries."""
+
+    def compute(self: Any) -> Any:
+        with _ignored_entries_dropped(self):
+            return _stock(target)(self)
+
+    compute.__module__ = __name__
+    compute.__doc__ = "Stock's ``compute``, on the list state without the ignored entries the update kept."
+    return compute
+
+
+_binary_curve_compute, _multiclass_curve_compute, _binary_roc_compute, _multiclass_roc_compute = (
+    replaces(target, params=("self",), kind="metric_method")(_compute_without_ignored_entries(target))
+    for target in (
+        f"{_MODULE}.BinaryPrecisionRecallCurve.compute",
+        f"{_MODULE}.MulticlassPrecisionRecallCurve.compute",
+        "torchmetrics.classification.roc.BinaryROC.compute",
+        "torchmetrics.classification.roc.MulticlassROC.compute",
+    )
+)
+
+
 # ``params=None``: the signatures differ between releases (1.8 added ``normalization``); the stand-ins forward them
 _binary_init = replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", params=None)(
     _checked_init(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
@@ -399,8 +472,12 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
         invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
     normalization = getattr(self, "normalization", "sigmoid")  # an argument since torchmetrics 1.8
     if self.thresholds is None:
-        args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
-        preds, target, _ = _binary_precision_recall_curve_format(*args)
+        if _keeps_ignored_entries(self, target):
+            preds, target = preds.flatten(), target.flatten()
+            preds = _probabilities(preds, target != self.ignore_index, normalization)
+        else:
+            args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
+            preds, target, _ = _binary_precision_recall_curve_format(*args)
         _add_to_state(self, invalid, (preds, target))
         return
     _add_to_state(self, invalid, _binary_curve_state(preds, target, self.thresholds, self.ignore_index, normalization))
@@ -416,9 +493,13 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         )
     average = getattr(self, "average", None)
     if self.thresholds is None:
-        preds, target, _ = _multiclass_precision_recall_curve_format(
-            preds, target, self.num_classes, None, self.ignore_index, average
-        )
+        if _keeps_ignored_entries(self, target):
+            preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
+            preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
+        else:
+            preds, target, _ = _multiclass_precision_recall_curve_format(
+                preds, target, self.num_classes, None, self.ignore_index, average
+            )
         _add_to_state(self, invalid, (preds, target))
         return
     state = _multiclass_curve_state(preds, target, self.num_classes, self.thresholds, self.ignore_index, average)
