@@ -119,3 +119,58 @@ def test_four_ranks_raise_together_and_stay_usable(tmp_path: Path) -> None:
     results = _ddp_world.run_world([("cuda:gloo", _bad_rank_world), ("gloo", _bad_rank_world)], 4, tmp_path)
     for backend in ("cuda:gloo", "gloo"):
         _check([res[f"_bad_rank_world@{backend}"] for res in results])
+
+
+#: the data of the compute-warning world: rank r's scores and labels (class 2 never occurs on any rank)
+def _warning_world_data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(rank)
+    return torch.rand(8, 3, generator=gen).softmax(1), torch.randint(0, 2, (8,), generator=gen)
+
+
+def _compute_warning_world(rank: int, world_size: int) -> dict[str, Any]:
+    """Every rank updates an unbinned MulticlassAveragePrecision whose class 2 never occurs: stock's compute warns that
+    a class was NaN. On the device path the warning is a count filed by ``compute()`` while the states are synced."""
+    from torchmetrics.classification import MulticlassAveragePrecision
+
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import _deferred
+
+    torchmetrics_syncfree.patch_all()
+    _deferred.force_device_path(True)
+    metric = MulticlassAveragePrecision(num_classes=3)
+    metric.update(*_warning_world_data(rank))
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["value"] = metric.compute()  # files the warning (rank 0); the synced counters are dropped by unsync
+        out["at_compute"] = sum("was `nan`" in str(w.message) for w in caught)
+        metric._computed = None
+        metric.compute()  # reports the synced counts: rank 0's one warning, on every rank
+        out["at_second_compute"] = sum("was `nan`" in str(w.message) for w in caught) - out["at_compute"]
+        metric.reset()
+        out["total"] = sum("was `nan`" in str(w.message) for w in caught)
+    _deferred.force_device_path(False)
+    return out
+
+
+def test_compute_warnings_survive_the_sync_and_come_once(tmp_path: Path) -> None:
+    """A warning that compute() finds on synced states is not lost with them at unsync: it is reported by the next
+    eager point, once (rank 0 files it; the spawned ranks are all "rank zero" for rank_zero_warn, so each shows it)."""
+    from torchmetrics.classification import MulticlassAveragePrecision
+
+    world_size = 2
+    results = [
+        res["_compute_warning_world@gloo"]
+        for res in _ddp_world.run_world([("gloo", _compute_warning_world)], world_size, tmp_path)
+    ]
+    stock = MulticlassAveragePrecision(num_classes=3)
+    for rank in range(world_size):
+        stock.update(*_warning_world_data(rank))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = stock.compute()
+    for rank, res in enumerate(results):
+        torch.testing.assert_close(res["value"], expected, rtol=1e-6, atol=0)
+        # the second compute reports the first one's warning (synced: on every rank) and files its own, which reset()
+        # reports on rank 0, the rank that filed it: rank 0 shows stock's two warnings (one per compute)
+        assert (res["at_compute"], res["at_second_compute"], res["total"]) == (0, 1, 2 if rank == 0 else 1), rank

@@ -240,6 +240,23 @@ def record(metric: Any, kind: Check, flag: Tensor) -> bool:
     return True
 
 
+def record_in_compute(metric: Any, kind: Check, count: Tensor) -> None:
+    """File ``count`` (0-dim) problems of ``kind`` that ``compute()`` found: :func:`record`, kept past its end.
+
+    While the states are synced (``compute()`` under DDP) the counters are the synced copy, which ``unsync()`` drops:
+    the count goes to the rank's own counters, which it restores. Under ``torch.distributed`` only rank zero files
+    it: stock reports with ``rank_zero_warn``, and the next sync sums the ranks' counters.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+        return
+    cache = metric.__dict__.get("_cache")
+    if getattr(metric, "_is_synced", False) and cache and STATE in cache and not reads_are_free(count):
+        _ensure_counters(metric, kind)
+        cache[STATE][_slot(metric, kind)].add_(count)
+        return
+    record(metric, kind, count)
+
+
 def _slot(metric: Any, kind: Check) -> int:
     for slot, known in enumerate(kinds_of(metric)):
         if known is kind:

@@ -326,7 +326,7 @@ def _confusion_matrix_reduce(confmat: Tensor, normalize: str | None = None, metr
             rank_zero_warn(f"{nan_elements} NaN values found in confusion matrix have been replaced with zeros.")
     else:
         _refresh_kinds(metric)
-        _deferred.record(metric, NAN_IN_NORMALIZED, nan.any())
+        _deferred.record_in_compute(metric, NAN_IN_NORMALIZED, nan.any())
     return confmat.masked_fill(nan, 0)
 
 

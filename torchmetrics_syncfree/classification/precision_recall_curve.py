@@ -366,15 +366,9 @@ def _refresh_kinds(self: Any) -> None:
 
 
 def _file_warning(metric: Any, kind: _deferred.Check, count: Tensor) -> None:
-    """File a warning of ``compute`` on the device path: ``count`` (0-dim) warnings at the metric's next eager point.
-
-    Under ``torch.distributed`` only rank zero files it: stock warns with ``rank_zero_warn``, and the counters are
-    summed across ranks.
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
-        return
+    """File a warning of ``compute`` on the device path: ``count`` (0-dim) warnings at the metric's next eager point."""
     _refresh_kinds(metric)
-    _deferred.record(metric, kind, count)
+    _deferred.record_in_compute(metric, kind, count)
 
 
 def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tensor, Tensor]) -> None:
