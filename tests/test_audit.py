@@ -150,6 +150,7 @@ def test_the_catalogue_covers_the_issue():
         "precision_recall_curve",
         "auroc",
         "average_precision",
+        "logauc",
         "hinge",
         "exact_match",
         "regression",

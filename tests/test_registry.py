@@ -355,6 +355,7 @@ def _example_metrics() -> list[Any]:
         BinaryAveragePrecision,
         BinaryConfusionMatrix,
         BinaryHingeLoss,
+        BinaryLogAUC,
         BinaryPrecisionRecallCurve,
         BinaryROC,
         BinaryStatScores,
@@ -364,6 +365,7 @@ def _example_metrics() -> list[Any]:
         MulticlassConfusionMatrix,
         MulticlassExactMatch,
         MulticlassHingeLoss,
+        MulticlassLogAUC,
         MulticlassPrecisionRecallCurve,
         MulticlassROC,
         MulticlassStatScores,
@@ -371,6 +373,7 @@ def _example_metrics() -> list[Any]:
         MultilabelAveragePrecision,
         MultilabelConfusionMatrix,
         MultilabelExactMatch,
+        MultilabelLogAUC,
         MultilabelROC,
         MultilabelStatScores,
     )
@@ -403,6 +406,9 @@ def _example_metrics() -> list[Any]:
         BinaryROC(ignore_index=-1),
         MulticlassROC(num_classes=3),
         MulticlassPrecisionRecallCurve(num_classes=3, ignore_index=0),
+        BinaryLogAUC(),
+        MulticlassLogAUC(num_classes=3, thresholds=5),
+        MultilabelLogAUC(num_labels=3),
     ]
 
 

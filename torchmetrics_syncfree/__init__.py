@@ -52,6 +52,7 @@ register_area(
     "torchmetrics_syncfree.classification.average_precision",
     requires=("metric", "precision_recall_curve"),
 )
+register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
 
 __all__ = [

@@ -211,7 +211,7 @@ _CONFUSION_MATRIX_MODULES = {
 #: modules patched by an area of their own name (AUROC and AveragePrecision: their compute; the update is the curve's,
 #: whose area theirs requires)
 _OWN_AREA_MODULES = {
-    f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match", "auroc", "average_precision")
+    f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match", "auroc", "average_precision", "logauc")
 }
 #: modules of the metrics built on ``*PrecisionRecallCurve``, whose update the ``precision_recall_curve`` area patches
 _CURVE_MODULES = {f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc")}
@@ -294,6 +294,7 @@ def catalogue() -> list[Config]:
         configs.append(Config(f"AUROC(task='multiclass', num_classes={NUM_CLASSES}, thresholds={thresholds})"))
         configs.append(Config(f"AveragePrecision(task='multilabel', num_labels={NUM_LABELS}, thresholds={thresholds})"))
     configs.append(Config("AUROC(task='binary', max_fpr=0.5)"))
+    configs.append(Config(f"LogAUC(task='multiclass', num_classes={NUM_CLASSES}, average='macro')"))
     configs.append(Config(f"AveragePrecision(task='multiclass', num_classes={NUM_CLASSES}, average='weighted')"))
     configs.append(Config(f"PrecisionRecallCurve(task='multiclass', num_classes={NUM_CLASSES}, thresholds=100)"))
     configs.append(Config("ROC(task='binary', thresholds=100)"))

@@ -109,20 +109,47 @@ def _binned_rates(confmat: Tensor) -> tuple[Tensor, Tensor]:
     return _safe_divide(fps, fps + tns).flip(0), _safe_divide(tps, tps + fns).flip(0)
 
 
+def _binary_roc(self: Any) -> tuple[Tensor, Tensor]:
+    """The fixed-shape ROC of a binary metric's state (binned or unbinned), rates ascending: ``(fpr, tpr)``, 1-D."""
+    if self.thresholds is not None:
+        return _binned_rates(self.confmat)
+    preds, target = _list_state(self)
+    kept = _kept_entries(self, target)
+    fpr, tpr = _rates(self, preds.unsqueeze(1), (target == 1).unsqueeze(1), None if kept is None else kept.unsqueeze(1))
+    return fpr.squeeze(1), tpr.squeeze(1)
+
+
+def _multiclass_roc(self: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The fixed-shape one-vs-rest ROC of every class, ``(points, C)`` each, and stock's weights of the classes."""
+    if self.thresholds is not None:
+        fpr, tpr = _binned_rates(self.confmat)
+        return fpr, tpr, self.confmat[0][:, 1, :].sum(-1)  # stock's weights: the positives of each class
+    preds, target = _list_state(self)
+    kept = _kept_entries(self, target)
+    weight = None if kept is None else kept.unsqueeze(1).expand_as(preds)
+    classes = torch.arange(self.num_classes, device=target.device)
+    fpr, tpr = _rates(self, preds, target.unsqueeze(1) == classes, weight)
+    return fpr, tpr, _class_counts(target, self.num_classes, kept)
+
+
+def _multilabel_roc(self: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The fixed-shape ROC of every label, ``(points, L)`` each, and stock's weights (the positives of each label)."""
+    if self.thresholds is not None:
+        fpr, tpr = _binned_rates(self.confmat)
+        return fpr, tpr, self.confmat[0][:, 1, :].sum(-1)
+    preds, target = _list_state(self)
+    kept = None if self.ignore_index is None else target != self.ignore_index
+    fpr, tpr = _rates(self, preds, target == 1, kept)
+    return fpr, tpr, (target == 1).sum(dim=0).float()
+
+
 @replaces(f"{_MODULE}.BinaryAUROC.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(_state_tensor(self)):
         with _ignored_entries_dropped(self):
             return _stock(f"{_MODULE}.BinaryAUROC.compute")(self)
-    if self.thresholds is not None:
-        fpr, tpr = _binned_rates(self.confmat)
-    else:
-        preds, target = _list_state(self)
-        kept = _kept_entries(self, target)
-        weight = None if kept is None else kept.unsqueeze(1)
-        fpr, tpr = _rates(self, preds.unsqueeze(1), (target == 1).unsqueeze(1), weight)
-        fpr, tpr = fpr.squeeze(1), tpr.squeeze(1)
+    fpr, tpr = _binary_roc(self)
     if self.max_fpr is None or self.max_fpr == 1:
         return _area(fpr, tpr)
     return _partial_area(fpr, tpr, self.max_fpr)
@@ -134,16 +161,7 @@ def _multiclass_compute(self: Any) -> Tensor:
     if _deferred.reads_are_free(_state_tensor(self)):
         with _ignored_entries_dropped(self):
             return _stock(f"{_MODULE}.MulticlassAUROC.compute")(self)
-    if self.thresholds is not None:
-        fpr, tpr = _binned_rates(self.confmat)
-        weights = self.confmat[0][:, 1, :].sum(-1)  # stock's: the positives of each class
-    else:
-        preds, target = _list_state(self)
-        kept = _kept_entries(self, target)
-        weight = None if kept is None else kept.unsqueeze(1).expand_as(preds)
-        classes = torch.arange(self.num_classes, device=target.device)
-        fpr, tpr = _rates(self, preds, target.unsqueeze(1) == classes, weight)
-        weights = _class_counts(target, self.num_classes, kept)
+    fpr, tpr, weights = _multiclass_roc(self)
     return _average_ignoring_nan(self, _area(fpr, tpr), self.average, weights)
 
 
@@ -152,17 +170,11 @@ def _multilabel_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(_state_tensor(self)):
         return _stock(f"{_MODULE}.MultilabelAUROC.compute")(self)
-    if self.thresholds is not None:
-        if self.average == "micro":
-            fpr, tpr = _binned_rates(self.confmat.sum(1))
-            return _area(fpr, tpr)
-        fpr, tpr = _binned_rates(self.confmat)
-        return _average_ignoring_nan(self, _area(fpr, tpr), self.average, self.confmat[0][:, 1, :].sum(-1))
-    preds, target = _list_state(self)
-    kept = None if self.ignore_index is None else target != self.ignore_index
-    if self.average == "micro":
-        flat_kept = None if kept is None else kept.reshape(-1, 1)
-        fpr, tpr = _rates(self, preds.reshape(-1, 1), (target == 1).reshape(-1, 1), flat_kept)
-        return _area(fpr, tpr).squeeze(0)
-    fpr, tpr = _rates(self, preds, target == 1, kept)
-    return _average_ignoring_nan(self, _area(fpr, tpr), self.average, (target == 1).sum(dim=0).float())
+    if self.average == "micro":  # stock's binary AUROC of all labels' entries together
+        if self.thresholds is not None:
+            return _area(*_binned_rates(self.confmat.sum(1)))
+        preds, target = _list_state(self)
+        kept = None if self.ignore_index is None else (target != self.ignore_index).reshape(-1, 1)
+        return _area(*_rates(self, preds.reshape(-1, 1), (target == 1).reshape(-1, 1), kept)).squeeze(0)
+    fpr, tpr, weights = _multilabel_roc(self)
+    return _average_ignoring_nan(self, _area(fpr, tpr), self.average, weights)

@@ -102,8 +102,22 @@ NAN_IN_WEIGHTED = _deferred.Check(
     "Average precision score for one or more classes was `nan`. Ignoring these classes in weighted-average",
     UserWarning,
 )
+# LogAUC's reduction warns with this text, ``{average}`` included (stock's message is no f-string)
+LOGAUC_NAN = _deferred.Check(
+    "logauc.nan",
+    "LogAUC score for one or more classes/labels was `nan`. Ignoring these classes in {average}-average.",
+    UserWarning,
+)
 #: the counters of every metric of the family, in this order (:func:`_family_kinds`)
-FAMILY_KINDS = (_deferred.INVALID_VALUES, NO_NEGATIVES, NO_POSITIVES, UNDEFINED_RECALL, NAN_IN_MACRO, NAN_IN_WEIGHTED)
+FAMILY_KINDS = (
+    _deferred.INVALID_VALUES,
+    NO_NEGATIVES,
+    NO_POSITIVES,
+    UNDEFINED_RECALL,
+    NAN_IN_MACRO,
+    NAN_IN_WEIGHTED,
+    LOGAUC_NAN,
+)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -414,6 +428,9 @@ def _ignored_entries_dropped(self: Any) -> Iterator[None]:
         yield
         return
     preds, target = _list_state(self)
+    if target.ndim != 1:  # a multilabel state: stock's own compute leaves its ignored entries out
+        yield
+        return
     kept = target != self.ignore_index
     states = self.preds, self.target
     self.preds, self.target = [preds[kept]], [target[kept]]

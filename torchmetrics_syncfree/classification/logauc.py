@@ -1,0 +1,127 @@
+"""Sync-free ``compute`` of ``torchmetrics.classification.logauc``: LogAUC of every task, binned and unbinned.
+
+Stock's LogAUC takes the ROC curve (``super().compute()``: unbinned, a curve of data-dependent length) and, per
+curve, copies ``fpr_range`` to the device (``torch.tensor(fpr_range).to(...)``), inserts the two interpolated points,
+finds the last point at each bound with ``torch.where(log_fpr == bound)[0][-1]`` and integrates the slice between
+them: host reads and data-dependent shapes. On the device path:
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``super().compute()`` (ROC)                          the fixed-shape ROC of the AUROC area (``_rates``, binned:
+                                                     ``_binned_rates``), its warnings deferred
+``torch.tensor(fpr_range).to(device)``               ``torch.full``
+``torch.where(log_fpr == b)[0][-1]`` and             the bounds' last indices by a masked ``max``; the
+``log_fpr[lower:upper + 1]``                         trapezoids outside them masked out of the sum
+the NaN warning of the reduction (its message        a deferred warning of the metric
+says ``{average}`` literally, as stock's)
+==================================================  ===========================================================
+
+Where reads are free (CPU tensors, eager) ``compute`` is stock's, to the bit. On the device path values equal
+stock's up to the order of floating-point sums; the per-class areas run in a Python loop over the classes (fixed
+shapes, no reads), as stock's. Deviation (documented, tested): stock interpolates at the bounds after an *unstable*
+``argsort`` of the rates (``torchmetrics.utilities.data.interp``), so next to a vertical run of the curve (equal false
+positive rates) it may start from a point inside the run, depending on the sort implementation; the device path
+interpolates along the curve (from the run's top: ``np.interp``'s order on the curve's points).
+
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree.classification.auroc import _binary_roc, _multiclass_roc, _multilabel_roc
+from torchmetrics_syncfree.classification.precision_recall_curve import (
+    LOGAUC_NAN,
+    _file_warning,
+    _ignored_entries_dropped,
+    _state_tensor,
+)
+from torchmetrics_syncfree.classification.stat_scores import _stock
+
+_MODULE = "torchmetrics.classification.logauc"
+_SHORT_CURVE = "At least two values on for the fpr and tpr are required to compute the log AUC. Returns 0 score."
+
+
+def _interp_sorted(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
+    """Stock's ``interp`` for ``xp`` already in ascending order (its ``argsort`` is then the identity)."""
+    slopes = (fp[1:] - fp[:-1]) / (xp[1:] - xp[:-1])
+    indices = (torch.searchsorted(xp, x) - 1).clamp(0, slopes.numel() - 1)
+    return fp[indices] + slopes[indices] * (x - xp[indices])
+
+
+def _log_area(fpr: Tensor, tpr: Tensor, fpr_range: tuple[float, float]) -> Tensor:
+    """Stock's ``_binary_logauc_compute`` of one curve (``fpr`` ascending), with fixed shapes."""
+    if fpr.numel() < 2 or tpr.numel() < 2:  # the curve's length is known on the host
+        rank_zero_warn(_SHORT_CURVE)
+        return torch.zeros((), device=fpr.device)
+    bounds_fpr = torch.stack([torch.full((), bound, device=fpr.device) for bound in fpr_range])
+    tpr = torch.cat([tpr, _interp_sorted(bounds_fpr, fpr, tpr)]).sort().values
+    log_fpr = torch.log10(torch.cat([fpr, bounds_fpr]).sort().values)
+    bounds = torch.log10(bounds_fpr)
+    position = torch.arange(log_fpr.numel(), device=fpr.device)
+    lower = torch.where(log_fpr == bounds[0], position, -1).max()
+    upper = torch.where(log_fpr == bounds[1], position, -1).max()
+    # stock's trapezoids over the slice [lower, upper]; the others are masked, not made zero-width: interpolating at
+    # a bound below a repeated first point gives an infinite tpr (stock's value is then -inf), and log10(0) is -inf
+    segment = position[:-1]
+    inside = (segment >= lower) & (segment < upper)
+    trapezoids = (log_fpr[1:] - log_fpr[:-1]) * (tpr[1:] + tpr[:-1]) / 2
+    area = torch.where(inside, trapezoids, torch.zeros_like(trapezoids)).sum()
+    return area * 1.0 / (bounds[1] - bounds[0])
+
+
+def _reduce(metric: Any, fpr: Tensor, tpr: Tensor, average: str | None) -> Tensor:
+    """Stock's ``_reduce_logauc`` of the columns of ``fpr``/``tpr`` (no weights: stock passes none)."""
+    scores = torch.stack([_log_area(fpr[:, g], tpr[:, g], metric.fpr_range) for g in range(fpr.shape[1])])
+    _file_warning(metric, LOGAUC_NAN, scores.isnan().any())  # stock warns before it looks at ``average``
+    if average is None or average == "none":
+        return scores
+    if average == "macro":
+        return scores.nanmean()
+    raise ValueError(f"Got unknown average parameter: {average}. Please choose one of ['macro', 'weighted', 'none'].")
+
+
+def _stock_where_reads_are_free(name: str) -> Callable[[Any], Tensor | None]:
+    """Stock's ``compute`` of ``name`` where reads are free (on the list state without ignored entries), else None."""
+
+    def stock_compute(self: Any) -> Tensor | None:
+        if not _deferred.reads_are_free(_state_tensor(self)):
+            return None
+        with _ignored_entries_dropped(self):
+            return _stock(f"{_MODULE}.{name}.compute")(self)
+
+    return stock_compute
+
+
+_stock_binary, _stock_multiclass, _stock_multilabel = (
+    _stock_where_reads_are_free(name) for name in ("BinaryLogAUC", "MulticlassLogAUC", "MultilabelLogAUC")
+)
+
+
+@replaces(f"{_MODULE}.BinaryLogAUC.compute", params=("self",), kind="metric_method")
+def _binary_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    stock = _stock_binary(self)
+    return stock if stock is not None else _log_area(*_binary_roc(self), self.fpr_range)
+
+
+@replaces(f"{_MODULE}.MulticlassLogAUC.compute", params=("self",), kind="metric_method")
+def _multiclass_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    stock = _stock_multiclass(self)
+    return stock if stock is not None else _reduce(self, *_multiclass_roc(self)[:2], self.average2)
+
+
+@replaces(f"{_MODULE}.MultilabelLogAUC.compute", params=("self",), kind="metric_method")
+def _multilabel_compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    stock = _stock_multilabel(self)
+    return stock if stock is not None else _reduce(self, *_multilabel_roc(self)[:2], self.average2)
