@@ -52,7 +52,6 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
 )
 from torchmetrics_syncfree.classification.stat_scores import _safe_divide, _stock
 
-_FUNCTIONAL = "torchmetrics.functional.classification.auroc"
 _MODULE = "torchmetrics.classification.auroc"
 
 
