@@ -16,6 +16,7 @@ from torch import Tensor
 import torchmetrics_syncfree
 from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
 from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree.classification import precision_recall_curve
 
 #: thresholds settings: binned with a count, an unsorted list (with a duplicate) and a tensor; and unbinned
 THRESHOLDS: dict[str, Any] = {
@@ -82,10 +83,13 @@ def _flat(value: Any) -> list[Tensor]:
     return [tensor for item in value for tensor in _flat(item)]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_binned_state_is_stocks(path: str) -> None:
+@pytest.mark.parametrize("path", [*PATHS, "cpu-fixed-shape"])
+def test_binned_state_is_stocks(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The (T, ..., 2, 2) counts after every update are stock's, for every task, thresholds setting (unsorted and
-    duplicate thresholds, ties, NaN scores, float64/float16) and ignore_index."""
+    duplicate thresholds, ties, NaN scores, float64/float16) and ignore_index. Small validated CPU batches are counted
+    with stock's functions (``STOCK_COUNTING_MAX``); "cpu-fixed-shape" counts them with the fixed-shape path too."""
+    if path == "cpu-fixed-shape":
+        monkeypatch.setattr(precision_recall_curve, "STOCK_COUNTING_MAX", 0)
     for task, ignores in IGNORE.items():
         for key in ("5", "list", "tensor"):
             for ignore_index in ignores:
