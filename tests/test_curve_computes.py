@@ -5,6 +5,7 @@ deferred to the next eager point (once each), ``max_fpr``, compute groups, the d
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import warnings
 from collections import Counter
@@ -404,3 +405,24 @@ def test_logauc_warnings_are_stocks_once_each(path: str) -> None:
             metric.update(preds, target)
         found = _warnings_of(metric.compute) + _warnings_of(metric.reset) + _warnings_of(metric.reset)
     assert found == expected
+
+
+@pytest.mark.skipif(
+    "normalization" not in inspect.signature(torchmetrics.classification.BinaryPrecisionRecallCurve).parameters,
+    reason="`normalization` is an argument since torchmetrics 1.8",
+)
+@pytest.mark.parametrize("normalization", [None, "sigmoid"])
+def test_unbinned_binary_ignore_index_with_each_normalization(normalization: str | None) -> None:
+    """The device path's unbinned binary update with ``ignore_index`` keeps the scores as given with
+    ``normalization=None`` (it took a softmax over dim 1 of 1-D scores and failed)."""
+    preds = torch.tensor([-1.5, 0.2, 2.0, 0.7, -0.3, 1.1])
+    target = torch.tensor([0, 1, -1, 1, 0, -1])
+
+    def make() -> Any:
+        return torchmetrics.classification.BinaryPrecisionRecallCurve(ignore_index=-1, normalization=normalization)
+
+    expected = make()(preds, target)
+    with torchmetrics_syncfree.patched(), SyncProbe():
+        found = make()(preds, target)
+    for value, reference in zip(found, expected):
+        torch.testing.assert_close(value, reference, rtol=RTOL, atol=0)

@@ -507,7 +507,8 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     if self.thresholds is None:
         if _keeps_ignored_entries(self, target):
             preds, target = preds.flatten(), target.flatten()
-            preds = _probabilities(preds, target != self.ignore_index, normalization)
+            if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
+                preds = _probabilities(preds, target != self.ignore_index, normalization)
         else:
             args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
             preds, target, _ = _binary_precision_recall_curve_format(*args)
