@@ -36,7 +36,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.precision_recall_curve import (
     NO_NEGATIVES,
@@ -44,13 +43,12 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _average_ignoring_nan,
     _class_counts,
     _file_warning,
-    _ignored_entries_dropped,
     _kept_entries,
     _list_state,
     _ranked_counts,
-    _state_tensor,
+    _stock_compute_where_reads_are_free,
 )
-from torchmetrics_syncfree.classification.stat_scores import _safe_divide, _stock
+from torchmetrics_syncfree.classification.stat_scores import _safe_divide
 
 _MODULE = "torchmetrics.classification.auroc"
 
@@ -145,9 +143,9 @@ def _multilabel_roc(self: Any) -> tuple[Tensor, Tensor, Tensor]:
 @replaces(f"{_MODULE}.BinaryAUROC.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    if _deferred.reads_are_free(_state_tensor(self)):
-        with _ignored_entries_dropped(self):
-            return _stock(f"{_MODULE}.BinaryAUROC.compute")(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryAUROC.compute")
+    if stock is not None:
+        return stock
     fpr, tpr = _binary_roc(self)
     if self.max_fpr is None or self.max_fpr == 1:
         return _area(fpr, tpr)
@@ -157,9 +155,9 @@ def _binary_compute(self: Any) -> Tensor:
 @replaces(f"{_MODULE}.MulticlassAUROC.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    if _deferred.reads_are_free(_state_tensor(self)):
-        with _ignored_entries_dropped(self):
-            return _stock(f"{_MODULE}.MulticlassAUROC.compute")(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassAUROC.compute")
+    if stock is not None:
+        return stock
     fpr, tpr, weights = _multiclass_roc(self)
     return _average_ignoring_nan(self, _area(fpr, tpr), self.average, weights)
 
@@ -167,8 +165,9 @@ def _multiclass_compute(self: Any) -> Tensor:
 @replaces(f"{_MODULE}.MultilabelAUROC.compute", params=("self",), kind="metric_method")
 def _multilabel_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    if _deferred.reads_are_free(_state_tensor(self)):
-        return _stock(f"{_MODULE}.MultilabelAUROC.compute")(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelAUROC.compute")
+    if stock is not None:
+        return stock
     if self.average == "micro":  # stock's binary AUROC of all labels' entries together
         if self.thresholds is not None:
             return _area(*_binned_rates(self.confmat.sum(1)))

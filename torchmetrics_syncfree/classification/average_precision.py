@@ -36,18 +36,16 @@ from torchmetrics.functional.classification.precision_recall_curve import (
     _multilabel_precision_recall_curve_compute,
 )
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.precision_recall_curve import (
     UNDEFINED_RECALL,
     _average_ignoring_nan,
     _class_counts,
     _file_warning,
-    _ignored_entries_dropped,
     _kept_entries,
     _list_state,
     _ranked_counts,
-    _state_tensor,
+    _stock_compute_where_reads_are_free,
 )
 from torchmetrics_syncfree.classification.stat_scores import _stock
 
@@ -78,9 +76,11 @@ def _average_precisions(
 @replaces(f"{_MODULE}.BinaryAveragePrecision.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free or binned (no reads there); otherwise without host reads."""
-    if self.thresholds is not None or _deferred.reads_are_free(_state_tensor(self)):
-        with _ignored_entries_dropped(self):
-            return _stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
+    if self.thresholds is not None:  # stock's binned compute reads nothing
+        return _stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryAveragePrecision.compute")
+    if stock is not None:
+        return stock
     preds, target = _list_state(self)
     kept = _kept_entries(self, target)
     if kept is None:
@@ -94,9 +94,9 @@ def _binary_compute(self: Any) -> Tensor:
 @replaces(f"{_MODULE}.MulticlassAveragePrecision.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    if _deferred.reads_are_free(_state_tensor(self)):
-        with _ignored_entries_dropped(self):
-            return _stock(f"{_MODULE}.MulticlassAveragePrecision.compute")(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassAveragePrecision.compute")
+    if stock is not None:
+        return stock
     if self.thresholds is not None:
         curve = _multiclass_precision_recall_curve_compute(self.confmat, self.num_classes, self.thresholds)
         precision, recall = curve[0], curve[1]
@@ -121,8 +121,11 @@ def _multiclass_compute(self: Any) -> Tensor:
 def _multilabel_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free or binned micro (no reads there); otherwise without host reads."""
     binned = self.thresholds is not None
-    if (binned and self.average == "micro") or _deferred.reads_are_free(_state_tensor(self)):
+    if binned and self.average == "micro":  # stock's binned micro compute reads nothing
         return _stock(f"{_MODULE}.MultilabelAveragePrecision.compute")(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelAveragePrecision.compute")
+    if stock is not None:
+        return stock
     if binned:
         curve = _multilabel_precision_recall_curve_compute(self.confmat, self.num_labels, self.thresholds)
         precision, recall = curve[0], curve[1]

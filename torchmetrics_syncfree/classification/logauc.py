@@ -28,23 +28,19 @@ interpolates along the curve (from the run's top: ``np.interp``'s order on the c
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.auroc import _binary_roc, _multiclass_roc, _multilabel_roc
 from torchmetrics_syncfree.classification.precision_recall_curve import (
     LOGAUC_NAN,
     _file_warning,
-    _ignored_entries_dropped,
-    _state_tensor,
+    _stock_compute_where_reads_are_free,
 )
-from torchmetrics_syncfree.classification.stat_scores import _stock
 
 _MODULE = "torchmetrics.classification.logauc"
 _SHORT_CURVE = "At least two values on for the fpr and tpr are required to compute the log AUC. Returns 0 score."
@@ -89,39 +85,22 @@ def _reduce(metric: Any, fpr: Tensor, tpr: Tensor, average: str | None) -> Tenso
     raise ValueError(f"Got unknown average parameter: {average}. Please choose one of ['macro', 'weighted', 'none'].")
 
 
-def _stock_where_reads_are_free(name: str) -> Callable[[Any], Tensor | None]:
-    """Stock's ``compute`` of ``name`` where reads are free (on the list state without ignored entries), else None."""
-
-    def stock_compute(self: Any) -> Tensor | None:
-        if not _deferred.reads_are_free(_state_tensor(self)):
-            return None
-        with _ignored_entries_dropped(self):
-            return _stock(f"{_MODULE}.{name}.compute")(self)
-
-    return stock_compute
-
-
-_stock_binary, _stock_multiclass, _stock_multilabel = (
-    _stock_where_reads_are_free(name) for name in ("BinaryLogAUC", "MulticlassLogAUC", "MultilabelLogAUC")
-)
-
-
 @replaces(f"{_MODULE}.BinaryLogAUC.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_binary(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryLogAUC.compute")
     return stock if stock is not None else _log_area(*_binary_roc(self), self.fpr_range)
 
 
 @replaces(f"{_MODULE}.MulticlassLogAUC.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_multiclass(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassLogAUC.compute")
     return stock if stock is not None else _reduce(self, *_multiclass_roc(self)[:2], self.average2)
 
 
 @replaces(f"{_MODULE}.MultilabelLogAUC.compute", params=("self",), kind="metric_method")
 def _multilabel_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_multilabel(self)
+    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelLogAUC.compute")
     return stock if stock is not None else _reduce(self, *_multilabel_roc(self)[:2], self.average2)

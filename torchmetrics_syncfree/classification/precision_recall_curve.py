@@ -370,8 +370,10 @@ def _state_tensor(metric: Any) -> Tensor:
 
 def _class_counts(target: Tensor, num_classes: int, kept: Tensor | None = None) -> Tensor:
     """Stock's ``_bincount(target, minlength=num_classes).float()`` of valid (kept) labels, with a fixed shape."""
-    hits = target.unsqueeze(1) == torch.arange(num_classes, device=target.device)
-    return (hits if kept is None else hits & kept.unsqueeze(1)).sum(0).float()
+    dropped = (target < 0) | (target >= num_classes)
+    if kept is not None:
+        dropped |= ~kept
+    return _cells(target, dropped, num_classes).float()
 
 
 def _kept_entries(self: Any, target: Tensor) -> Tensor | None:
@@ -460,6 +462,18 @@ def _ignored_entries_dropped(self: Any) -> Iterator[None]:
         yield
     finally:
         self.preds, self.target = states
+
+
+def _stock_compute_where_reads_are_free(self: Any, target: str) -> Any:
+    """Stock's ``compute`` at ``target`` (on the list state without ignored entries) where reads are free, else None.
+
+    AUROC, AveragePrecision and LogAUC compute with stock's code on CPU (its numbers to the bit, its warnings at once)
+    and with their fixed-shape code on the device path.
+    """
+    if not _deferred.reads_are_free(_state_tensor(self)):
+        return None
+    with _ignored_entries_dropped(self):
+        return _stock(target)(self)
 
 
 def _compute_without_ignored_entries(target: str) -> Callable[[Any], Any]:
