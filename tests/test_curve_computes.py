@@ -5,7 +5,9 @@ deferred to the next eager point (once each), ``max_fpr``, compute groups, the d
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
+import pickle
 import sys
 import warnings
 from collections import Counter
@@ -331,11 +333,25 @@ def test_ignored_entries_kept_by_the_device_path_reach_no_compute(task: str) -> 
             kept_entries = sum(t.numel() for t in patched["ROC"].target)
             assert kept_entries == sum(t.numel() for _, t in data)  # the ignored entries are in the state
             with SyncProbe():
+                # the kept entries travel with the state: copies, pickles and a merge of two halves compute the same
+                copies = {name: copy.deepcopy(metric) for name, metric in patched.items()}
+                pickled = {name: pickle.loads(pickle.dumps(metric)) for name, metric in patched.items()}
+                merged = {}
+                for name, kwargs in specs:
+                    first, second = make(name, kwargs), make(name, kwargs)
+                    for i, (preds, target) in enumerate(data):
+                        (first if i % 2 else second).update(preds, target)
+                    first.merge_state(second)
+                    merged[name] = first
                 found = {name: flat(metric.compute()) for name, metric in patched.items()}
+                variants = [
+                    {name: flat(m.compute()) for name, m in group.items()} for group in (copies, pickled, merged)
+                ]
     for name, _ in specs:
-        assert len(found[name]) == len(expected[name]), name
-        for value, reference in zip(found[name], expected[name]):
-            torch.testing.assert_close(value, reference, rtol=RTOL, atol=0, equal_nan=True, msg=name)
+        for result in (found, *variants):
+            assert len(result[name]) == len(expected[name]), name
+            for value, reference in zip(result[name], expected[name]):
+                torch.testing.assert_close(value, reference, rtol=RTOL, atol=0, equal_nan=True, msg=name)
 
 
 LOGAUC_AVERAGES = {"binary": (None,), "multiclass": (None, "macro"), "multilabel": (None, "macro")}
