@@ -25,10 +25,11 @@ still appends its rows to the list state, with zero matches (its shape is known;
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any
 
 import torch
-from lightning_utilities.core.imports import RequirementCache
 from torch import Tensor
 from torchmetrics.functional.classification.stat_scores import _multiclass_stat_scores_format
 
@@ -43,8 +44,11 @@ from torchmetrics_syncfree.classification.stat_scores import (
 
 _FUNCTIONAL = "torchmetrics.functional.classification.exact_match"
 _MODULE = "torchmetrics.classification.exact_match"
-#: torchmetrics 1.7 added ``ignore_index`` to the multilabel update (an ignored label counts as matched)
-_MULTILABEL_IGNORES = RequirementCache("torchmetrics>=1.7.0")
+#: a 1.7 patch release added ``ignore_index`` to the multilabel update (an ignored label counts as matched); told
+#: apart by the stock function's signature, not the version (1.7.1 lacks it, 1.7.4 has it)
+# (imported by name: the package attribute ``exact_match`` is the metric function, not the module)
+_STOCK_MULTILABEL_UPDATE = importlib.import_module(_FUNCTIONAL)._multilabel_exact_match_update
+_MULTILABEL_IGNORES = "ignore_index" in inspect.signature(_STOCK_MULTILABEL_UPDATE).parameters
 
 
 @replaces(
@@ -76,7 +80,7 @@ def _multilabel_exact_match_update(
     multidim_average: str = "global",
     ignore_index: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Stock's statistics, the total made on the device (1.6 never passes ``ignore_index``: its behaviour)."""
+    """Stock's statistics, the total made on the device (older releases never pass ``ignore_index``)."""
     if ignore_index is not None:
         target = torch.where(target == -1, preds.long(), target)
     if multidim_average == "global":
