@@ -207,11 +207,7 @@ def _simulate_device(deferred: ModuleType) -> None:
 
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
-AREAS_WITHOUT_PATCHES: dict[str, str] = {
-    "auroc": "new in the layer (issue 10); its upstream patch is a later step",
-    "average_precision": "new in the layer (issue 10); its upstream patch is a later step",
-    "logauc": "new in the layer (issue 10); its upstream patch is a later step",
-}
+AREAS_WITHOUT_PATCHES: dict[str, str] = {}
 
 
 #: Targets the layer replaces only for older releases: upstream master (what the series is made against) already has
@@ -240,11 +236,14 @@ def drift(stock_src: Path, patched_src: Path, specs: list[Any]) -> tuple[list[st
     problems, targets = [], {}
     for file in changed:
         name = _module_name(patched_src, file)
-        series_changes = changed_functions((stock_src / file.relative_to(patched_src)).read_text(), file.read_text())
+        stock_source, patched_source = (stock_src / file.relative_to(patched_src)).read_text(), file.read_text()
+        series_changes = changed_functions(stock_source, patched_source)
         layer = {s.target.removeprefix(f"{name}."): s for s in specs if s.target.startswith(f"{name}.")}
         problems += [f"the series changes {name}.{q}; the layer does not replace it" for q in series_changes - {*layer}]
         problems += [f"the layer replaces {name}.{q}; the series leaves it as stock" for q in {*layer} - series_changes]
-        if series_changes:
+        # a module that only gains helpers (``functional/classification/auroc.py``) is loaded too: its helpers are
+        # what the tree's changed methods call
+        if series_changes or _functions(patched_source).keys() - _functions(stock_source).keys():
             targets[name] = list(layer.values())
     changed_modules = {_module_name(patched_src, f) for f in changed}
     problems += [

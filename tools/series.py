@@ -77,6 +77,21 @@ PR_CURVE_TESTS = (
     "unittests/classification/test_precision_recall_curve.py",
     "unittests/classification/test_roc.py",
 )
+#: the family's computes without host reads (AUROC, average precision, LogAUC) and their suites; their fixed-shape
+#: helpers live in the functional modules, and the shared ones in the functional precision_recall_curve.py
+CURVE_COMPUTE_SOURCES = (
+    "src/torchmetrics/classification/auroc.py",
+    "src/torchmetrics/functional/classification/auroc.py",
+    "src/torchmetrics/classification/average_precision.py",
+    "src/torchmetrics/functional/classification/average_precision.py",
+    "src/torchmetrics/classification/logauc.py",
+    "src/torchmetrics/functional/classification/logauc.py",
+)
+CURVE_COMPUTE_TESTS = (
+    "unittests/classification/test_auroc.py",
+    "unittests/classification/test_average_precision.py",
+    "unittests/classification/test_logauc.py",
+)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -86,6 +101,11 @@ TESTS_FOR_SOURCE = {
     **{path: (HINGE_TESTS, True) for path in HINGE_SOURCES},
     **{path: (EXACT_MATCH_TESTS, True) for path in EXACT_MATCH_SOURCES},
     **{path: (PR_CURVE_TESTS, True) for path in PR_CURVE_SOURCES},
+    **{path: (CURVE_COMPUTE_TESTS, True) for path in CURVE_COMPUTE_SOURCES},
+    "src/torchmetrics/functional/classification/precision_recall_curve.py": (
+        PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
+        True,
+    ),
     "src/torchmetrics/metric.py": (
         (
             "unittests/bases/test_metric.py",
@@ -151,27 +171,10 @@ DEFERRED_PROJECT_TESTS = (
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
 HINGE_PROJECT_TESTS = ("tests/test_hinge.py",)
-_CASE_PATHS = ("cpu", "device")  # the two paths of tests/_classification_cases.py
 EXACT_MATCH_PROJECT_TESTS = ("tests/test_exact_match.py",)
-#: the PR-curve family's suite but the device-path parity of AUROC and AveragePrecision: their computes are the
-#: layer's until the auroc/average_precision areas are ported, and the layer's compute files its warnings with the
-#: layer's checks, which the tree's update then cannot find among the metric's kinds (a mix only tree mode makes)
-PR_CURVE_PROJECT_TESTS = tuple(
-    f"tests/test_precision_recall_curve.py::{test}"
-    for test in (
-        "test_binned_state_is_stocks",
-        *(f"test_parity_with_stock[{name}-{path}]" for name in ("PrecisionRecallCurve", "ROC") for path in _CASE_PATHS),
-        "test_parity_with_stock[AUROC-cpu]",
-        "test_parity_with_stock[AveragePrecision-cpu]",
-        "test_update_is_sync_free",
-        "test_stock_syncs_are_seen",
-        "test_invalid_input_raises_stocks_error_type",
-        "test_invalid_batch_is_reported_by_compute_when_the_copy_is_late",
-        "test_labels_that_are_no_class_without_validation_are_left_out",
-        "test_update_traces_without_a_graph_break",
-        "test_compute_group_members_and_copies_report_the_pending_error",
-    )
-)
+#: the PR-curve family's update (and the states every member's compute starts from), and its computes
+PR_CURVE_PROJECT_TESTS = ("tests/test_precision_recall_curve.py",)
+CURVE_COMPUTE_PROJECT_TESTS = ("tests/test_curve_computes.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -190,6 +193,9 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(HINGE_SOURCES, HINGE_PROJECT_TESTS),
     **dict.fromkeys(EXACT_MATCH_SOURCES, EXACT_MATCH_PROJECT_TESTS),
     **dict.fromkeys(PR_CURVE_SOURCES, PR_CURVE_PROJECT_TESTS),
+    **dict.fromkeys(CURVE_COMPUTE_SOURCES, CURVE_COMPUTE_PROJECT_TESTS + PR_CURVE_PROJECT_TESTS),
+    "src/torchmetrics/functional/classification/precision_recall_curve.py": PR_CURVE_PROJECT_TESTS
+    + CURVE_COMPUTE_PROJECT_TESTS,
 }
 
 
