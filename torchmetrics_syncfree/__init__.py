@@ -54,6 +54,8 @@ register_area(
 )
 register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
+register_area("r2", "torchmetrics_syncfree.regression.r2", requires=("metric",))
+register_area("explained_variance", "torchmetrics_syncfree.regression.explained_variance", requires=("metric",))
 
 __all__ = [
     "FORCE_ENV_VAR",
