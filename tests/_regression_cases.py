@@ -48,3 +48,13 @@ def r2(**kwargs: Any) -> Make:
 
 def explained_variance(**kwargs: Any) -> Make:
     return lambda: torchmetrics.ExplainedVariance(**kwargs)
+
+
+def pearson(**kwargs: Any) -> Make:
+    return lambda: torchmetrics.PearsonCorrCoef(**kwargs)
+
+
+def with_small_batches(data: Batches) -> Batches:
+    """``data`` plus a batch of one (stock's ``num_obs == 1`` update) and a constant batch (near-zero variance)."""
+    preds, target = data[0]
+    return [*data, (preds[:1], target[:1]), (preds, torch.ones_like(target))]

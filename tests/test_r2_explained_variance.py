@@ -33,7 +33,8 @@ def _cases() -> dict[str, Any]:
             cases[f"r2-{multioutput}-{name}"] = r2(multioutput=multioutput), data
             cases[f"ev-{multioutput}-{name}"] = explained_variance(multioutput=multioutput), data
             cases[f"r2-{multioutput}-constant-{name}"] = r2(multioutput=multioutput), constant(1, 2, dtype)
-            cases[f"ev-{multioutput}-constant-{name}"] = explained_variance(multioutput=multioutput), constant(1, 2, dtype)
+            ev_constant = explained_variance(multioutput=multioutput), constant(1, 2, dtype)
+            cases[f"ev-{multioutput}-constant-{name}"] = ev_constant
         cases[f"r2-1d-{name}"] = r2(), batches(seed=7, dtype=dtype)
         cases[f"ev-1d-{name}"] = explained_variance(), batches(seed=7, dtype=dtype)
         # adjusted: 16 per batch; 15 regressors divide by zero in each forward, 40 exceed the batch, 5 fit
@@ -138,7 +139,8 @@ def _warnings_of(run: Any) -> list[str]:
 @pytest.mark.parametrize("adjusted", [15, 40, 63])
 def test_adjusted_warnings_come_once_each(path: str, adjusted: int) -> None:
     """Stock warns in every compute (forward's included) whose count makes ``adjusted`` fall back (batches of 16, 64
-    in all: 63 regressors divide by zero in the final compute too); the patched metric gives the same warnings, once each (on the device path at the next eager point: forward's end, compute, reset)."""
+    in all: 63 regressors divide by zero in the final compute too); the patched metric gives the same warnings, once
+    each (on the device path at the next eager point: forward's end, compute, reset)."""
     data = batches(seed=2)
 
     def run() -> None:

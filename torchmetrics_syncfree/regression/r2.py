@@ -15,7 +15,7 @@ stock                                                sync-free (device path)
 
 Where host reads are free (CPU) ``compute`` is stock's. On the device path the values are stock's to the bit (the
 same elementwise operations and reductions), and the ``adjusted`` warnings come at the metric's next eager point (the
-end of a ``forward``, the next update, ``compute()`` or ``reset()``), once per offending ``compute``, under DDP from
+end of a ``forward``, the next ``compute()`` or ``reset()``), once per offending ``compute``, under DDP from
 rank zero only (stock's ``rank_zero_warn``).
 
 Deliberate deviation: a member of a ``MetricCollection`` compute group (whose updates the group's first member runs)

@@ -1,0 +1,122 @@
+"""Sync-free ``torchmetrics.regression.pearson``: PearsonCorrCoef's ``compute`` (and so ``forward``'s batch value).
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``if (var_x < bound).any() or ...: rank_zero_warn``  the flag filed as a deferred warning of the metric (one
+                                                     counter per dtype: the message names it)
+``if valid_mask.any(): corrcoef[valid_mask] = ...``  ``torch.where`` over every output (the same elementwise
+(1.7+: boolean-mask read and write)                  operations; the masked outputs divide by 1, so no NaN
+                                                     gradient leaks into them)
+==================================================  ===========================================================
+
+The update reads nothing (its ``num_obs == 1`` branch is the batch's shape) and stays stock's, and so does the
+aggregation of several ranks' running statistics (``_final_aggregation``: tensor arithmetic). Each release's compute
+is followed: 1.6 (warning only), 1.7 (NaN for near-zero variances), 1.8+ (statistics scaled by the largest absolute
+deviation; non-finite statistics masked too).
+
+Where host reads are free (CPU) ``compute`` is stock's. On the device path the values are stock's to the bit, and
+the warning comes at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or
+``reset()``), once per offending ``compute``, under DDP from rank zero only (stock's ``rank_zero_warn``).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+from lightning_utilities.core.imports import compare_version
+from torch import Tensor
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree.classification.stat_scores import _checked_init, _stock
+
+_MODULE = "torchmetrics.regression.pearson"
+
+#: 1.7+ sets the coefficient of near-zero variances to NaN (and says so); 1.8+ also masks non-finite statistics
+_MASKS = bool(compare_version("torchmetrics", operator.ge, "1.7.0"))
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _message(dtype: torch.dtype) -> str:
+    """Stock's message (its missing spaces included) for the dtype of the scaled variances."""
+    return (
+        "The variance of predictions or target is close to zero. This can cause instability in Pearson correlation"
+        "coefficient, leading to wrong results. Consider re-scaling the input if possible or computing using a"
+        f"larger dtype (currently using {dtype})." + (" Setting the correlation coefficient to nan." if _MASKS else "")
+    )
+
+
+#: stock's compute-time warning, one check per dtype its message can name (in this order: the metric's counters)
+KINDS = tuple(_deferred.Check(f"pearson.small-variance.{dtype}", _message(dtype), UserWarning) for dtype in _DTYPES)
+
+
+def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
+    return KINDS
+
+
+_init = replaces(f"{_MODULE}.PearsonCorrCoef.__init__", params=("self", "num_outputs", "kwargs"))(
+    _checked_init(f"{_MODULE}.PearsonCorrCoef.__init__", __name__, _kinds, size=len(KINDS))
+)
+
+
+def _coefficient(
+    metric: Any,
+    var_x: Tensor,
+    var_y: Tensor,
+    corr_xy: Tensor,
+    nb: Tensor,
+    max_abs_dev_x: Tensor | None,
+    max_abs_dev_y: Tensor | None,
+) -> Tensor:
+    """Stock's ``_pearson_corrcoef_compute`` of the installed release, its warning filed instead of read."""
+    var_x = var_x / (nb - 1)
+    var_y = var_y / (nb - 1)
+    corr_xy = corr_xy / (nb - 1)
+    if var_x.dtype == torch.float16 and var_x.device == torch.device("cpu"):  # stock's: no half sqrt on CPU
+        var_x = var_x.bfloat16()
+        var_y = var_y.bfloat16()
+    if max_abs_dev_x is not None:  # 1.8+
+        var_x = var_x * torch.pow(max_abs_dev_x, -2)
+        var_y = var_y * torch.pow(max_abs_dev_y, -2)
+        corr_xy = corr_xy / (max_abs_dev_x * max_abs_dev_y)
+    bound = math.sqrt(torch.finfo(var_x.dtype).eps)
+    masked = (var_x < bound) | (var_y < bound)
+    warns = (var_x < bound).any() | (var_y < bound).any()
+    if max_abs_dev_x is not None:
+        # stock's ``~torch.isfinite(v).any()`` negates the ``any``: it warns when no statistic is finite
+        warns = warns | ~torch.isfinite(var_x).any() | ~torch.isfinite(var_y).any() | ~torch.isfinite(corr_xy).any()
+        masked = masked | ~torch.isfinite(var_x) | ~torch.isfinite(var_y) | ~torch.isfinite(corr_xy)
+    _deferred.keep_kinds(metric, KINDS, size=len(KINDS))  # a metric made before the patch gets its counters here
+    _deferred.record_in_compute(metric, KINDS[_DTYPES.index(var_x.dtype)], warns)
+    if not _MASKS:  # 1.6: the warning only
+        return torch.clamp((corr_xy / (var_x * var_y).sqrt()).squeeze(), -1.0, 1.0)
+    # the masked outputs divide by 1: the same values elsewhere, and no NaN gradient leaks out of them
+    safe_x, safe_y = var_x.masked_fill(masked, 1), var_y.masked_fill(masked, 1)
+    value = (corr_xy.masked_fill(masked, 0) / (safe_x * safe_y).sqrt()).to(corr_xy.dtype)
+    # stock clamps only when some output is valid: NaN stays NaN under the clamp, so always clamping is the same
+    return torch.clamp(value.masked_fill(masked, float("nan")), -1.0, 1.0).squeeze()
+
+
+@replaces(f"{_MODULE}.PearsonCorrCoef.compute", params=("self",), kind="metric_method")
+def _compute(self: Any) -> Tensor:
+    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    if _deferred.reads_are_free(self.var_x):
+        return _stock(f"{_MODULE}.PearsonCorrCoef.compute")(self)
+    scaled = hasattr(self, "max_abs_dev_x")  # 1.8+
+    states = [self.mean_x, self.mean_y]
+    if scaled:
+        states += [self.max_abs_dev_x, self.max_abs_dev_y]
+    states += [self.var_x, self.var_y, self.corr_xy, self.n_total]
+    if (self.num_outputs == 1 and self.mean_x.numel() > 1) or (self.num_outputs > 1 and self.mean_x.ndim > 1):
+        # the states of several ranks (synced without reduction): stock's aggregation, tensor arithmetic only
+        from torchmetrics.regression.pearson import _final_aggregation
+
+        states = list(_final_aggregation(*states))
+    var_x, var_y, corr_xy, n_total = states[-4:]
+    max_x, max_y = (states[2], states[3]) if scaled else (None, None)
+    return _coefficient(self, var_x, var_y, corr_xy, n_total, max_x, max_y)
