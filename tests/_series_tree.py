@@ -211,6 +211,11 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "auroc": "new in the layer (issue 10); its upstream patch is a later step",
     "average_precision": "new in the layer (issue 10); its upstream patch is a later step",
     "logauc": "new in the layer (issue 10); its upstream patch is a later step",
+    "r2": "new in the layer (issue 11); its upstream patch is a later step",
+    "explained_variance": "new in the layer (issue 11); its upstream patch is a later step",
+    "pearson": "new in the layer (issue 11); its upstream patch is a later step",
+    "kl_divergence": "new in the layer (issue 11); its upstream patch is a later step",
+    "spearman": "new in the layer (issue 11); its upstream patch is a later step",
 }
 
 
