@@ -38,6 +38,8 @@ _MODULE = "torchmetrics.regression.pearson"
 
 #: 1.7+ sets the coefficient of near-zero variances to NaN (and says so); 1.8+ also masks non-finite statistics
 _MASKS = bool(compare_version("torchmetrics", operator.ge, "1.7.0"))
+#: 1.8+ keeps the largest absolute deviations and updates without reading; 1.6/1.7's update reads the prior count
+_SCALED = bool(compare_version("torchmetrics", operator.ge, "1.8.0"))
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -59,9 +61,14 @@ def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
     return KINDS
 
 
-_init = replaces(f"{_MODULE}.PearsonCorrCoef.__init__", params=("self", "num_outputs", "kwargs"))(
-    _checked_init(f"{_MODULE}.PearsonCorrCoef.__init__", __name__, _kinds, size=len(KINDS))
-)
+_stock_init_with_checks = _checked_init(f"{_MODULE}.PearsonCorrCoef.__init__", __name__, _kinds, size=len(KINDS))
+
+
+@replaces(f"{_MODULE}.PearsonCorrCoef.__init__", params=("self", "num_outputs", "kwargs"))
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counters of the variance warning (and 1.6/1.7's host count bound)."""
+    _stock_init_with_checks(self, *args, **kwargs)
+    self.__dict__["_syncfree_smallest_batch"] = None
 
 
 def _coefficient(
@@ -100,6 +107,86 @@ def _coefficient(
     value = (corr_xy.masked_fill(masked, 0) / (safe_x * safe_y).sqrt()).to(corr_xy.dtype)
     # stock clamps only when some output is valid: NaN stays NaN under the clamp, so always clamping is the same
     return torch.clamp(value.masked_fill(masked, float("nan")), -1.0, 1.0).squeeze()
+
+
+#: the smallest batch any update of the metric saw (see :mod:`~torchmetrics_syncfree.regression.r2`)
+SMALLEST_BATCH = "_syncfree_smallest_batch"
+
+
+def _running_update_before_1_8(metric: Any, preds: Tensor, target: Tensor, prior_counted: bool) -> None:
+    """1.6/1.7's ``_pearson_corrcoef_update`` with its branch ``num_prior.mean() > 0`` taken without a read.
+
+    The branch is known on the host for a batch of one, after an earlier non-empty update (the smallest batch times
+    the earlier updates), and in the first update since a reset (the count is reset's zeros; unless the states are
+    persistent, i.e. may have been loaded); otherwise both branches are computed and one is selected with
+    ``torch.where``, unless their means differ in dtype or shape (stock's first-update branch casts the means to the
+    state's dtype and keeps ``mean(0)``'s shape), where the flag is read as stock does. The states change in place as
+    stock's do.
+    """
+    from torchmetrics.functional.regression.utils import _check_data_shape_to_num_outputs
+    from torchmetrics.utilities.checks import _check_same_shape
+
+    _check_same_shape(preds, target)
+    _check_data_shape_to_num_outputs(preds, target, metric.num_outputs)
+    mean_x, mean_y, var_x, var_y, corr_xy, num_prior = (
+        metric.mean_x,
+        metric.mean_y,
+        metric.var_x,
+        metric.var_y,
+        metric.corr_xy,
+        metric.n_total,
+    )
+    num_obs = preds.shape[0]
+    cond: bool | Tensor = num_obs == 1 or prior_counted
+    mx_new = (num_prior * mean_x + preds.sum(0)) / (num_prior + num_obs)
+    my_new = (num_prior * mean_y + target.sum(0)) / (num_prior + num_obs)
+    if cond is not True:
+        mx_first, my_first = preds.mean(0).to(mean_x.dtype), target.mean(0).to(mean_y.dtype)
+        if metric._update_count == 1 and not any(metric._persistent.values()):
+            cond = False  # the first update since the reset: the count is reset's zeros (no state was loaded)
+        else:
+            cond = num_prior.mean() > 0
+            if (mx_new.dtype, mx_new.shape, my_new.dtype, my_new.shape) != (
+                mx_first.dtype,
+                mx_first.shape,
+                my_first.dtype,
+                my_first.shape,
+            ):
+                cond = bool(cond)  # the branches' means differ in dtype or shape: stock's read
+        if cond is False:
+            mx_new, my_new = mx_first, my_first
+        elif cond is not True:
+            mx_new, my_new = torch.where(cond, mx_new, mx_first), torch.where(cond, my_new, my_first)
+    num_prior += num_obs
+    var_x_add = ((preds - mx_new) * (preds - mean_x)).sum(0)
+    var_y_add = ((target - my_new) * (target - mean_y)).sum(0)
+    if cond is not True:
+        first_x, first_y = preds.var(0) * (num_obs - 1), target.var(0) * (num_obs - 1)
+        var_x_add = first_x if cond is False else torch.where(cond, var_x_add, first_x)
+        var_y_add = first_y if cond is False else torch.where(cond, var_y_add, first_y)
+    var_x += var_x_add
+    var_y += var_y_add
+    corr_xy += ((preds - mx_new) * (target - mean_y)).sum(0)
+    metric.mean_x, metric.mean_y = mx_new, my_new
+    metric.var_x, metric.var_y, metric.corr_xy, metric.n_total = var_x, var_y, corr_xy, num_prior
+
+
+@replaces(f"{_MODULE}.PearsonCorrCoef.update", params=("self", "preds", "target"), kind="metric_method")
+def _update(self: Any, preds: Tensor, target: Tensor) -> None:
+    """Stock's update (1.8+ reads nothing); 1.6/1.7's without its read of the prior count on the device path."""
+    if _SCALED:
+        _stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
+        return
+    smallest = self.__dict__.get(SMALLEST_BATCH, 0)
+    self.__dict__[SMALLEST_BATCH] = 0  # an update that raises leaves no bound
+    if _deferred.reads_are_free(preds):
+        _stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
+    else:
+        # the updates before this one (counted already by stock's wrapper) surely added an observation
+        prior_counted = (smallest or 0) * (self._update_count - 1) >= 1
+        _running_update_before_1_8(self, preds, target, prior_counted)
+    size = preds.shape[0]
+    self.__dict__[SMALLEST_BATCH] = size if smallest is None else min(smallest, size)
 
 
 @replaces(f"{_MODULE}.PearsonCorrCoef.compute", params=("self",), kind="metric_method")
