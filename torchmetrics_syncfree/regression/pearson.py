@@ -11,9 +11,10 @@ stock                                                sync-free (device path)
 ==================================================  ===========================================================
 
 The update reads nothing (its ``num_obs == 1`` branch is the batch's shape) and stays stock's, and so does the
-aggregation of several ranks' running statistics (``_final_aggregation``: tensor arithmetic). Each release's compute
-is followed: 1.6 (warning only), 1.7 (NaN for near-zero variances), 1.8+ (statistics scaled by the largest absolute
-deviation; non-finite statistics masked too).
+aggregation of several ranks' running statistics (``_final_aggregation``: tensor arithmetic). Each release's code is
+followed, told apart by feature (1.7.4 has 1.9's code, 1.7.1 not): 1.6 (warning only), 1.7.1 (NaN for near-zero
+variances), 1.7.4-1.9 (statistics scaled by the largest absolute deviation; non-finite statistics masked too). The
+releases before the scaling read the prior count in their update (``if num_prior.mean() > 0``): replaced too.
 
 Where host reads are free (CPU) ``compute`` is stock's. On the device path the values are stock's to the bit, and
 the warning comes at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or
@@ -22,12 +23,12 @@ the warning comes at the metric's next eager point (the end of a ``forward``, th
 
 from __future__ import annotations
 
+import inspect
 import math
-import operator
 from typing import Any
 
 import torch
-from lightning_utilities.core.imports import compare_version
+import torchmetrics.functional.regression.pearson as _functional
 from torch import Tensor
 
 from torchmetrics_syncfree import _deferred
@@ -36,10 +37,14 @@ from torchmetrics_syncfree.classification.stat_scores import _checked_init, _sto
 
 _MODULE = "torchmetrics.regression.pearson"
 
-#: 1.7+ sets the coefficient of near-zero variances to NaN (and says so); 1.8+ also masks non-finite statistics
-_MASKS = bool(compare_version("torchmetrics", operator.ge, "1.7.0"))
-#: 1.8+ keeps the largest absolute deviations and updates without reading; 1.6/1.7's update reads the prior count
-_SCALED = bool(compare_version("torchmetrics", operator.ge, "1.8.0"))
+# The releases differ by feature, not by minor version (1.7.4 has 1.9's code, 1.7.1 not): read them off the source.
+_COMPUTE_SOURCE = inspect.getsource(_functional._pearson_corrcoef_compute)
+#: 1.7+ sets the coefficient of near-zero variances to NaN (and says so in the warning)
+_MASKS = "valid_mask" in _COMPUTE_SOURCE
+#: later releases also mask (and warn about) non-finite statistics
+_FINITE = "isfinite" in _COMPUTE_SOURCE
+#: later releases keep the largest absolute deviations and update without reading; earlier updates read the count
+_SCALED = "max_abs_dev_x" in inspect.signature(_functional._pearson_corrcoef_update).parameters
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -66,7 +71,7 @@ _stock_init_with_checks = _checked_init(f"{_MODULE}.PearsonCorrCoef.__init__", _
 
 @replaces(f"{_MODULE}.PearsonCorrCoef.__init__", params=("self", "num_outputs", "kwargs"))
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Stock's ``__init__``, plus the counters of the variance warning (and 1.6/1.7's host count bound)."""
+    """Stock's ``__init__``, plus the variance warning's counters and (early releases' update) the count bound."""
     _stock_init_with_checks(self, *args, **kwargs)
     self.__dict__["_syncfree_smallest_batch"] = None
 
@@ -87,14 +92,14 @@ def _coefficient(
     if var_x.dtype == torch.float16 and var_x.device == torch.device("cpu"):  # stock's: no half sqrt on CPU
         var_x = var_x.bfloat16()
         var_y = var_y.bfloat16()
-    if max_abs_dev_x is not None:  # 1.8+
+    if max_abs_dev_x is not None:  # the releases that scale by the largest absolute deviation
         var_x = var_x * torch.pow(max_abs_dev_x, -2)
         var_y = var_y * torch.pow(max_abs_dev_y, -2)
         corr_xy = corr_xy / (max_abs_dev_x * max_abs_dev_y)
     bound = math.sqrt(torch.finfo(var_x.dtype).eps)
     masked = (var_x < bound) | (var_y < bound)
     warns = (var_x < bound).any() | (var_y < bound).any()
-    if max_abs_dev_x is not None:
+    if _FINITE:
         # stock's ``~torch.isfinite(v).any()`` negates the ``any``: it warns when no statistic is finite
         warns = warns | ~torch.isfinite(var_x).any() | ~torch.isfinite(var_y).any() | ~torch.isfinite(corr_xy).any()
         masked = masked | ~torch.isfinite(var_x) | ~torch.isfinite(var_y) | ~torch.isfinite(corr_xy)
@@ -113,8 +118,8 @@ def _coefficient(
 SMALLEST_BATCH = "_syncfree_smallest_batch"
 
 
-def _running_update_before_1_8(metric: Any, preds: Tensor, target: Tensor, prior_counted: bool) -> None:
-    """1.6/1.7's ``_pearson_corrcoef_update`` with its branch ``num_prior.mean() > 0`` taken without a read.
+def _early_running_update(metric: Any, preds: Tensor, target: Tensor, prior_counted: bool) -> None:
+    """The early ``_pearson_corrcoef_update`` (1.6, 1.7.1), its branch ``num_prior.mean() > 0`` taken without a read.
 
     The branch is known on the host for a batch of one, after an earlier non-empty update (the smallest batch times
     the earlier updates), and in the first update since a reset (the count is reset's zeros; unless the states are
@@ -173,7 +178,7 @@ def _running_update_before_1_8(metric: Any, preds: Tensor, target: Tensor, prior
 
 @replaces(f"{_MODULE}.PearsonCorrCoef.update", params=("self", "preds", "target"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor) -> None:
-    """Stock's update (1.8+ reads nothing); 1.6/1.7's without its read of the prior count on the device path."""
+    """Stock's update where it reads nothing (1.7.4+); the early releases' without the read of the prior count."""
     if _SCALED:
         _stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
         return
@@ -184,7 +189,7 @@ def _update(self: Any, preds: Tensor, target: Tensor) -> None:
     else:
         # the updates before this one (counted already by stock's wrapper) surely added an observation
         prior_counted = (smallest or 0) * (self._update_count - 1) >= 1
-        _running_update_before_1_8(self, preds, target, prior_counted)
+        _early_running_update(self, preds, target, prior_counted)
     size = preds.shape[0]
     self.__dict__[SMALLEST_BATCH] = size if smallest is None else min(smallest, size)
 
@@ -194,7 +199,7 @@ def _compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(self.var_x):
         return _stock(f"{_MODULE}.PearsonCorrCoef.compute")(self)
-    scaled = hasattr(self, "max_abs_dev_x")  # 1.8+
+    scaled = hasattr(self, "max_abs_dev_x")  # 1.7.4+
     states = [self.mean_x, self.mean_y]
     if scaled:
         states += [self.max_abs_dev_x, self.max_abs_dev_y]

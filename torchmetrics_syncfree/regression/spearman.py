@@ -3,18 +3,18 @@
 ==================================================  ===========================================================
 stock                                                sync-free (device path)
 ==================================================  ===========================================================
-``_rank_data``: 1.8+ ``torch.unique(...,             one ``sort`` per output; tie groups from the sorted values:
+``_rank_data``: 1.7.4+ ``torch.unique(...,            one ``sort`` per output; tie groups from the sorted values:
 return_inverse, return_counts)`` + ``scatter_add``;  the group's first position by a running ``cummax``, its
-1.6/1.7 ``_find_repeats`` (``nonzero``, boolean      last by a reversed running ``cummin``; the tie's rank, the
+1.6-1.7.1 ``_find_repeats`` (``nonzero``, boolean    last by a reversed running ``cummin``; the tie's rank, the
 masks) and a Python loop over the repeated values    mean of its positions, is ``(first + last) / 2 + 1``
 ==================================================  ===========================================================
 
 The update reads nothing (dtype and shape checks, list appends) and stays stock's. Where host reads are free (CPU)
 ``compute`` is stock's. On the device path the ranks are computed exactly (in float64) and cast to stock's rank dtype
-(float32 from 1.8 on, the data's dtype before), so they equal stock's rounded ranks; the rest of ``compute`` is
+(float32 from 1.7.4 on, the data's dtype before), so they equal stock's rounded ranks; the rest of ``compute`` is
 stock's arithmetic on tensors of stock's layout, so the values are stock's to the bit.
 
-Deliberate deviations (documented): stock 1.8+ sums the ranks of a tie group in int32, which overflows for ties
+Deliberate deviations (documented): stock 1.7.4+ sums the ranks of a tie group in int32, which overflows for ties
 whose rank sum passes 2**31 (e.g. 70,000 equal values); the device path's ranks stay exact there. NaN inputs: each
 NaN is its own tie group here (NaN compares unequal); stock's ``torch.unique`` may group them.
 """
@@ -36,7 +36,7 @@ _FUNCTIONAL = "torchmetrics.functional.regression.spearman"
 
 
 def _rank_dtype(data: Tensor) -> torch.dtype:
-    """Stock's rank dtype: 1.8+ divides int32 rank sums by int64 counts (float32); before, ranks in the data's dtype."""
+    """Stock's rank dtype: 1.7.4+ divides int32 rank sums by int64 counts (float32); before: the data's dtype."""
     import torchmetrics.functional.regression.spearman as functional
 
     return data.dtype if hasattr(functional, "_find_repeats") else torch.float32
