@@ -11,6 +11,8 @@ stock                                                sync-free (device path)
 ``raw_scores[cond_rss & ~cond_tss] = 0.0``
 ``adjusted``: ``if adjusted > num_obs - 1`` /        both values computed, stock's selected with ``torch.where``;
 ``elif adjusted == num_obs - 1`` warnings            the warnings filed as deferred warnings of the metric
+update: ``self.state = self.state + value``          (no read in stock) in place where the state keeps its dtype
+                                                     and shape (both paths), else stock's new tensor
 ==================================================  ===========================================================
 
 Where host reads are free (CPU) ``compute`` is stock's. On the device path the values are stock's to the bit (the
