@@ -206,3 +206,19 @@ def test_collection_merge_and_copies_match_stock(path: str) -> None:
         got = run()
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_counters_only_with_adjusted_and_added_when_adjusted_is_set_later(syncfree: Any) -> None:
+    """R2Score without ``adjusted`` carries no check counters (one state less in every forward); one whose
+    ``adjusted`` is set after construction gets them when its compute first files a warning."""
+    assert getattr(torchmetrics.R2Score(), "_deferred_checks", None) is None
+    assert getattr(torchmetrics.R2Score(adjusted=1), "_deferred_checks", None) is not None
+    metric = torchmetrics.R2Score()
+    metric.adjusted = 40
+    for preds, target in batches(seed=2)[:2]:
+        metric.update(preds, target)
+    with SyncProbe() as probe:
+        metric.compute()
+    assert probe.count == 0
+    assert pending_checks(metric) == 1
+    assert len(_warnings_of(metric.reset)) == 1

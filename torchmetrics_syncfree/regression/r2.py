@@ -36,7 +36,7 @@ from torchmetrics.functional.regression.r2 import _r2_score_update
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
-from torchmetrics_syncfree.classification.stat_scores import _checked_init, _stock
+from torchmetrics_syncfree.classification.stat_scores import _stock
 
 _MODULE = "torchmetrics.regression.r2"
 
@@ -58,15 +58,12 @@ KINDS = (TOO_MANY_REGRESSORS, DIVISION_BY_ZERO)
 SMALLEST_BATCH = "_syncfree_smallest_batch"
 
 
-def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
-    return KINDS
-
-
-_stock_init_with_checks = _checked_init(f"{_MODULE}.R2Score.__init__", __name__, _kinds, size=len(KINDS))
-
-
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
-    _stock_init_with_checks(self, *args, **kwargs)
+    _stock(f"{_MODULE}.R2Score.__init__")(self, *args, **kwargs)
+    # only ``adjusted`` warns: without it no counters (one state less to copy, reset and reduce in every forward);
+    # a metric whose ``adjusted`` is set later gets them when it first files a warning
+    if self.adjusted != 0:
+        _deferred.add_checks(self, KINDS, size=len(KINDS))
     self.__dict__[SMALLEST_BATCH] = None
 
 
