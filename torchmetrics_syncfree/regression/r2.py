@@ -68,7 +68,7 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 _init = replaces(f"{_MODULE}.R2Score.__init__", params=("self", "adjusted", "multioutput", "kwargs"))(_init)
-_init.__doc__ = "Stock's ``__init__``, plus the counters of the ``adjusted`` warnings and the host count bound."
+_init.__doc__ = "Stock's ``__init__``, plus the ``adjusted`` warnings' counters (if set) and the count bound."
 
 
 def count_at_least(metric: Any) -> int:
