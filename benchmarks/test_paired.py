@@ -81,6 +81,11 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (32, 256)
     ),
     (Config("ExactMatch(task='multilabel', num_labels=100)"), 256),
+    # the regression metrics of issue 11 (compute-time syncs; KLDivergence's update) at a larger batch
+    *(
+        (Config(spec), 1024)
+        for spec in ("R2Score()", "ExplainedVariance()", "PearsonCorrCoef()", "KLDivergence()", "SpearmanCorrCoef()")
+    ),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000
@@ -269,6 +274,11 @@ DEVICE_PATH = tuple(
         ("AUROC(task='multiclass', num_classes=10)", "auto"),
         ("AUROC(task='multiclass', num_classes=1000)", "auto"),
         ("AveragePrecision(task='multilabel', num_labels=10)", "auto"),
+        # issue 11: forward computes the batch value (R2/Pearson: torch.where; Spearman: sort-based ranks)
+        ("R2Score()", "auto"),
+        ("PearsonCorrCoef()", "auto"),
+        ("SpearmanCorrCoef()", "auto"),
+        ("KLDivergence()", "auto"),
     )
 )
 

@@ -154,6 +154,11 @@ def test_the_catalogue_covers_the_issue():
         "hinge",
         "exact_match",
         "regression",
+        "r2",
+        "explained_variance",
+        "pearson",
+        "kl_divergence",
+        "spearman",
     }
 
 

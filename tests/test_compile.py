@@ -45,7 +45,19 @@ PATCHED_CONFIGS = [
     config
     for config in catalogue()
     if config.area
-    in ("aggregation", "classification", "confusion_matrix", "precision_recall_curve", "hinge", "exact_match")
+    in (
+        "aggregation",
+        "classification",
+        "confusion_matrix",
+        "precision_recall_curve",
+        "hinge",
+        "exact_match",
+        "r2",
+        "explained_variance",
+        "pearson",
+        "kl_divergence",
+        "spearman",
+    )
     and config.inputs != "float"
 ]
 

@@ -54,6 +54,11 @@ register_area(
 )
 register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
+register_area("r2", "torchmetrics_syncfree.regression.r2", requires=("metric",))
+register_area("explained_variance", "torchmetrics_syncfree.regression.explained_variance", requires=("metric",))
+register_area("pearson", "torchmetrics_syncfree.regression.pearson", requires=("metric",))
+register_area("kl_divergence", "torchmetrics_syncfree.regression.kl_divergence")
+register_area("spearman", "torchmetrics_syncfree.regression.spearman", requires=("metric",))
 
 __all__ = [
     "FORCE_ENV_VAR",

@@ -55,6 +55,8 @@ NUM_CLASSES = 5
 NUM_LABELS = 4
 #: positions per sample of the multiclass sequence inputs (ExactMatch)
 SEQUENCE = 4
+#: outputs of the multi-output regression inputs, and the size of the distributions KLDivergence compares
+OUTPUTS = 3
 
 
 # ----------------------------------------------------------------------------------------------- specifications
@@ -137,6 +139,8 @@ def _family(metric: Any) -> str:
     for prefix in ("Binary", "Multiclass", "Multilabel"):
         if name.startswith(prefix):
             return prefix.lower()
+    if name == "KLDivergence":  # two distributions per sample: (N, d)
+        return "distribution"
     if type(metric).__module__.startswith("torchmetrics.regression"):
         return "regression"
     raise SpecError(
@@ -180,6 +184,10 @@ def make_inputs(
         return (rand(batch, labels), randint(2, batch, labels)), {}
     if kind == "regression":
         return (rand(batch), rand(batch)), {}
+    if kind == "multioutput":
+        return (rand(batch, OUTPUTS), rand(batch, OUTPUTS)), {}
+    if kind == "distribution":
+        return (rand(batch, OUTPUTS), rand(batch, OUTPUTS)), {}
     raise ValueError(f"unknown input kind {kind!r}")
 
 
@@ -194,6 +202,8 @@ CALL_TEXT = {
     "multilabel": "update(preds, target)",
     "sequence": "update(preds, target)",
     "regression": "update(preds, target)",
+    "multioutput": f"update(preds, target) x {OUTPUTS} outputs",
+    "distribution": "update(p, q)",
 }
 
 
@@ -214,6 +224,10 @@ _OWN_AREA_MODULES = {
     f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match", "auroc", "average_precision", "logauc")
 }
 #: modules of the metrics built on ``*PrecisionRecallCurve``, whose update the ``precision_recall_curve`` area patches
+#: regression modules patched by an area of their own name (issue 11)
+_REGRESSION_AREA_MODULES = {
+    f"torchmetrics.regression.{name}" for name in ("r2", "explained_variance", "pearson", "kl_divergence", "spearman")
+}
 _CURVE_MODULES = {f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc")}
 
 
@@ -237,7 +251,7 @@ class Config:
             return "confusion_matrix"
         if module in _CURVE_MODULES:
             return "precision_recall_curve"
-        if module in _OWN_AREA_MODULES:
+        if module in _OWN_AREA_MODULES or module in _REGRESSION_AREA_MODULES:
             return module.rsplit(".", 1)[-1]
         for area in ("aggregation", "classification", "regression"):
             if module.startswith(f"torchmetrics.{area}"):
@@ -304,6 +318,17 @@ def catalogue() -> list[Config]:
     configs.append(Config(f"ExactMatch(task='multiclass', num_classes={NUM_CLASSES})"))
     configs.append(Config(f"ExactMatch(task='multilabel', num_labels={NUM_LABELS})"))
     configs += [Config(f"{name}()") for name in ("MeanSquaredError", "MeanAbsoluteError", "R2Score")]
+    # issue 11: the regression metrics whose forward/compute (KLDivergence: update) read the device
+    configs.append(Config("R2Score(multioutput='raw_values')", "multioutput"))
+    configs.append(Config("R2Score(adjusted=2)"))
+    configs.append(Config("ExplainedVariance()"))
+    configs.append(Config("ExplainedVariance(multioutput='variance_weighted')", "multioutput"))
+    configs.append(Config("PearsonCorrCoef()"))
+    configs.append(Config(f"PearsonCorrCoef(num_outputs={OUTPUTS})", "multioutput"))
+    for spec in ("KLDivergence()", "KLDivergence(reduction='none')", "KLDivergence(log_prob=True)"):
+        configs.append(Config(spec))
+    configs.append(Config("SpearmanCorrCoef()"))
+    configs.append(Config(f"SpearmanCorrCoef(num_outputs={OUTPUTS})", "multioutput"))
     return configs
 
 

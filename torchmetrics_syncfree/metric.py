@@ -109,6 +109,21 @@ def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
         self._move_list_states_to_cpu()
 
 
+def _filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
+    """Before ``forward``'s batch ``compute``: a function that adds what that compute files to the cached counters."""
+    counters = _deferred.counters_of(metric)
+    if counters is None or not _deferred.kinds_of(metric):
+        return lambda cache: None
+    before = counters.clone()
+
+    def add(cache: dict[str, Any]) -> None:
+        after = _deferred.counters_of(metric)
+        if _deferred.STATE in cache and after is not None and after.shape == before.shape:
+            cache[_deferred.STATE] = cache[_deferred.STATE] + (after - before)
+
+    return add
+
+
 @replaces(f"{_METRIC}._forward_full_state_update", params=("self", "args", "kwargs"))
 def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's two-update forward, marked as inside ``forward`` from its start and restored if anything raises."""
@@ -131,7 +146,10 @@ def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
         self._enable_grad = True
         self.reset()
         self.update(*args, **kwargs)
+        filed_by_compute = _filed_by_compute(self)
         batch_value = self.compute()
+        # what the batch's compute filed (its warnings) goes on with the global state: restoring it would drop them
+        filed_by_compute(cache)
     finally:
         for attr, value in cache.items():
             setattr(self, attr, value)
