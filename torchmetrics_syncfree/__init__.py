@@ -54,6 +54,13 @@ register_area(
 )
 register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
+# issue 11: MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore (one area per upstream module)
+register_area("minmax", "torchmetrics_syncfree.wrappers.minmax", requires=("metric",))
+register_area("psnr", "torchmetrics_syncfree.image.psnr", requires=("metric",))
+register_area("perplexity", "torchmetrics_syncfree.text.perplexity", requires=("metric",))
+register_area(
+    "generalized_dice", "torchmetrics_syncfree.segmentation.generalized_dice", requires=("metric", "classification")
+)
 
 __all__ = [
     "FORCE_ENV_VAR",
