@@ -211,6 +211,10 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "auroc": "new in the layer (issue 10); its upstream patch is a later step",
     "average_precision": "new in the layer (issue 10); its upstream patch is a later step",
     "logauc": "new in the layer (issue 10); its upstream patch is a later step",
+    "minmax": "new in the layer (issue 11); its upstream patch is a later step",
+    "psnr": "new in the layer (issue 11); its upstream patch is a later step",
+    "perplexity": "new in the layer (issue 11); its upstream patch is a later step",
+    "generalized_dice": "new in the layer (issue 11); its upstream patch is a later step",
 }
 
 
