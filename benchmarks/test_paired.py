@@ -81,6 +81,16 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (32, 256)
     ),
     (Config("ExactMatch(task='multilabel', num_labels=100)"), 256),
+    # issue 11: a wrapper, an image, a text and a segmentation metric at batch 256
+    *(
+        (Config(spec), 256)
+        for spec in (
+            "MinMaxMetric(MeanSquaredError())",
+            "PeakSignalNoiseRatio(data_range=1.0)",
+            "Perplexity(ignore_index=-100)",
+            "GeneralizedDiceScore(num_classes=5, input_format='index')",
+        )
+    ),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000
@@ -269,6 +279,11 @@ DEVICE_PATH = tuple(
         ("AUROC(task='multiclass', num_classes=10)", "auto"),
         ("AUROC(task='multiclass', num_classes=1000)", "auto"),
         ("AveragePrecision(task='multilabel', num_labels=10)", "auto"),
+        # issue 11: the fixed-shape updates (and MinMaxMetric's on-device comparison in forward)
+        ("MinMaxMetric(MeanSquaredError())", "auto"),
+        ("PeakSignalNoiseRatio(data_range=1.0)", "auto"),
+        ("Perplexity(ignore_index=-100)", "auto"),
+        ("GeneralizedDiceScore(num_classes=5, input_format='index')", "auto"),
     )
 )
 
