@@ -73,7 +73,7 @@ def _one_hot(values: Tensor, num_classes: int, flags: list[Tensor] | None) -> Te
     """
     if flags is None or values.dtype != torch.int64:  # stock's (a non-int64 input fails there before any read)
         return torch.nn.functional.one_hot(values, num_classes=num_classes).movedim(-1, 1)
-    flags.append(((values < 0) | (values >= num_classes)).any())
+    flags.append(values.lt(0).logical_or_(values.ge(num_classes)).any())
     classes = torch.arange(num_classes, device=values.device)
     return (values.unsqueeze(-1) == classes).to(torch.int64).movedim(-1, 1)
 
@@ -243,10 +243,12 @@ def _update(self: Any, preds: Tensor, target: Tensor) -> None:
     numerator, denominator = _dice_terms(preds_oh, target_oh, self.weight_type)
     score = _generalized_dice_compute(numerator, denominator, self.per_class).sum(dim=0)
     if flags:
-        invalid = torch.stack(flags).any()
+        invalid = flags[0]
+        for flag in flags[1:]:
+            invalid = invalid | flag
         _deferred.record(self, CLASS_VALUES, invalid)
         self.score += score.masked_fill(invalid, 0)
-        self.samples += (~invalid).to(self.samples.dtype) * preds.shape[0]
+        self.samples += torch.where(invalid, 0.0, float(preds.shape[0]))
     else:
         self.score += score
         self.samples += preds.shape[0]
