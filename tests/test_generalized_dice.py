@@ -223,3 +223,46 @@ def test_update_traces_without_a_graph_break(config: tuple[Any, ...]) -> None:
         explanation = torch._dynamo.explain(lambda p, t: metric.update(p, t))(preds, target)
     torch._dynamo.reset()
     assert [str(r.reason).split("\n")[0] for r in explanation.break_reasons] == []
+
+
+def _bad_rank_world(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 feeds one batch with a class value outside the classes; every rank computes twice."""
+    from torchmetrics.segmentation import GeneralizedDiceScore
+
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import _deferred
+
+    torchmetrics_syncfree.patch_all()
+    _deferred.force_device_path(True)  # what every rank of a GPU job does; the copies arrive at once here
+    metric = GeneralizedDiceScore(num_classes=3, input_format="index", per_class=True)
+    preds, target = torch.tensor([[[0, 1], [2, 1]]]), torch.tensor([[[0, 1], [2, 2]]])
+    metric.update(preds, target)
+    bad = preds.masked_fill(preds == 2, 5) if rank == 0 else preds
+    out: dict[str, Any] = {}
+    try:
+        metric.update(bad, target)  # under DDP the sweep stays quiet: compute() reports the synced counts
+        out["update_error"] = None
+    except RuntimeError as err:
+        out["update_error"] = str(err)
+    try:
+        metric.compute()
+        out["compute_error"] = None
+    except RuntimeError as err:
+        out["compute_error"] = str(err)
+    out["score"], out["samples"] = metric.compute(), metric.samples.clone()  # a collective: every rank is in it
+    return out
+
+
+@pytest.mark.ddp
+@pytest.mark.slow  # spawns a world (tens of seconds); the counters' DDP life is tests/test_deferred_ddp.py's
+def test_ranks_raise_together_under_ddp(tmp_path: Any) -> None:
+    """The check counters are summed with the states: every rank raises in compute(), none in update, and the bad
+    batch stays out of the synced state."""
+    from tests import _ddp_world
+
+    results = [res["_bad_rank_world@gloo"] for res in _ddp_world.run_world([("gloo", _bad_rank_world)], 2, tmp_path)]
+    for rank, res in enumerate(results):
+        assert res["update_error"] is None
+        assert "Class values must be" in res["compute_error"]
+        assert float(res["samples"]) == (1.0 if rank == 0 else 2.0)  # rank 0's bad batch never entered its state
+    torch.testing.assert_close(results[0]["score"], results[1]["score"])  # the synced value, the same everywhere
