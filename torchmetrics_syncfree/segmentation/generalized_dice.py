@@ -66,14 +66,16 @@ def _stock(target: str) -> Callable[..., Any]:
     return get_original(target)
 
 
-def _one_hot(values: Tensor, num_classes: int, flags: list[Tensor] | None) -> Tensor:
-    """``one_hot(values, num_classes).movedim(-1, 1)``; with ``flags``: without host reads, the range check appended.
+def _one_hot(values: Tensor, num_classes: int, flags: list[Tensor] | None, in_range: bool = False) -> Tensor:
+    """``one_hot(values, num_classes).movedim(-1, 1)``; with ``flags``: without host reads.
 
-    Stock's dtype (int64) and memory layout (classes innermost), so that the sums over it run as stock's.
+    The range check is appended to ``flags`` unless ``in_range`` (the values are known to be classes). Stock's dtype
+    (int64) and memory layout (classes innermost), so that the sums over it run as stock's.
     """
     if flags is None or values.dtype != torch.int64:  # stock's (a non-int64 input fails there before any read)
         return torch.nn.functional.one_hot(values, num_classes=num_classes).movedim(-1, 1)
-    flags.append(values.lt(0).logical_or_(values.ge(num_classes)).any())
+    if not in_range:
+        flags.append(values.lt(0).logical_or_(values.ge(num_classes)).any())
     classes = torch.arange(num_classes, device=values.device)
     return (values.unsqueeze(-1) == classes).to(torch.int64).movedim(-1, 1)
 
@@ -81,7 +83,8 @@ def _one_hot(values: Tensor, num_classes: int, flags: list[Tensor] | None) -> Te
 def _one_hot_logits(tensor: Tensor, num_classes: int, flags: list[Tensor] | None) -> Tensor:
     """1.8+'s ``_format_logits``: float inputs become the one-hot encoding of their ``argmax`` over the classes."""
     if torch.is_floating_point(tensor):
-        return _one_hot(tensor.argmax(dim=1), num_classes, flags)
+        # the argmax over at most ``num_classes`` scores is a class: nothing to check
+        return _one_hot(tensor.argmax(dim=1), num_classes, flags, in_range=tensor.shape[1] <= num_classes)
     return tensor
 
 
