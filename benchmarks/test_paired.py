@@ -86,6 +86,16 @@ SIZED: tuple[tuple[Config, int], ...] = (
         (Config(spec), 1024)
         for spec in ("R2Score()", "ExplainedVariance()", "PearsonCorrCoef()", "KLDivergence()", "SpearmanCorrCoef()")
     ),
+    # issue 11: a wrapper, an image, a text and a segmentation metric at batch 256
+    *(
+        (Config(spec), 256)
+        for spec in (
+            "MinMaxMetric(MeanSquaredError())",
+            "PeakSignalNoiseRatio(data_range=1.0)",
+            "Perplexity(ignore_index=-100)",
+            "GeneralizedDiceScore(num_classes=5, input_format='index')",
+        )
+    ),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000
@@ -279,6 +289,11 @@ DEVICE_PATH = tuple(
         ("PearsonCorrCoef()", "auto"),
         ("SpearmanCorrCoef()", "auto"),
         ("KLDivergence()", "auto"),
+        # issue 11: the fixed-shape updates (and MinMaxMetric's on-device comparison in forward)
+        ("MinMaxMetric(MeanSquaredError())", "auto"),
+        ("PeakSignalNoiseRatio(data_range=1.0)", "auto"),
+        ("Perplexity(ignore_index=-100)", "auto"),
+        ("GeneralizedDiceScore(num_classes=5, input_format='index')", "auto"),
     )
 )
 

@@ -159,7 +159,27 @@ def test_the_catalogue_covers_the_issue():
         "pearson",
         "kl_divergence",
         "spearman",
+        # issue 11
+        "minmax",
+        "psnr",
+        "perplexity",
+        "generalized_dice",
     }
+
+
+def test_wrapper_specs_nest_their_base_metric_and_aliases_resolve_to_the_sub_package():
+    """``MinMaxMetric(MeanSquaredError())`` builds the base metric (parsed by the same rules, never evaluated); the
+    deprecated top-level ``torchmetrics.PeakSignalNoiseRatio`` (a warning subclass) is not what the audit builds."""
+    from torchmetrics.image import PeakSignalNoiseRatio
+    from torchmetrics.regression import MeanSquaredError
+    from torchmetrics.wrappers import MinMaxMetric
+
+    metric = audit.build_metric("MinMaxMetric(MeanSquaredError())")
+    assert type(metric) is MinMaxMetric and type(metric._base_metric) is MeanSquaredError
+    assert audit.make_inputs("auto", metric, torch.device("cpu"))[0][0].shape == (audit.BATCH,)
+    assert audit.parse_spec("PeakSignalNoiseRatio(data_range=1.0)")[0] is PeakSignalNoiseRatio
+    with pytest.raises(audit.SpecError):
+        audit.parse_spec("MinMaxMetric(__import__('os').system('true'))")
 
 
 # --------------------------------------------------------------------------------------------- output

@@ -377,6 +377,8 @@ def _example_metrics() -> list[Any]:
         MultilabelROC,
         MultilabelStatScores,
     )
+    from torchmetrics.segmentation import GeneralizedDiceScore
+    from torchmetrics.wrappers import MinMaxMetric
 
     return [
         MeanMetric(),
@@ -410,6 +412,9 @@ def _example_metrics() -> list[Any]:
         MulticlassLogAUC(num_classes=3, thresholds=5),
         MultilabelLogAUC(num_labels=3),
         *_regression_metrics(),
+        # issue 11
+        GeneralizedDiceScore(num_classes=3),
+        MinMaxMetric(MeanMetric()),
     ]
 
 

@@ -59,6 +59,13 @@ register_area("explained_variance", "torchmetrics_syncfree.regression.explained_
 register_area("pearson", "torchmetrics_syncfree.regression.pearson", requires=("metric",))
 register_area("kl_divergence", "torchmetrics_syncfree.regression.kl_divergence")
 register_area("spearman", "torchmetrics_syncfree.regression.spearman", requires=("metric",))
+# issue 11: MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore (one area per upstream module)
+register_area("minmax", "torchmetrics_syncfree.wrappers.minmax", requires=("metric",))
+register_area("psnr", "torchmetrics_syncfree.image.psnr", requires=("metric",))
+register_area("perplexity", "torchmetrics_syncfree.text.perplexity", requires=("metric",))
+register_area(
+    "generalized_dice", "torchmetrics_syncfree.segmentation.generalized_dice", requires=("metric", "classification")
+)
 
 __all__ = [
     "FORCE_ENV_VAR",

@@ -99,6 +99,9 @@ def _audit_parser(sub: argparse._SubParsersAction) -> None:
             "regression",
             "multioutput",
             "distribution",
+            "image",
+            "text",
+            "segmentation",
         ),
         help="what --metric metrics are updated with (default: chosen from the metric's family)",
     )

@@ -7,7 +7,7 @@ measured in steady state: the metric has already seen one ``update`` with the sa
 
 Metric specifications are parsed, never evaluated: ``"Accuracy(task='binary')"`` must be the name of a
 :class:`torchmetrics.Metric` subclass exported by TorchMetrics (top level or a public sub-package), called with
-literal arguments only.
+literal arguments only; a wrapper's base metric is a nested specification (``"MinMaxMetric(MeanSquaredError())"``).
 
 Example:
     >>> from torchmetrics_syncfree.audit import audit
@@ -49,6 +49,8 @@ NAMESPACES = (
     "torchmetrics.clustering",
     "torchmetrics.nominal",
     "torchmetrics.wrappers",
+    "torchmetrics.image",
+    "torchmetrics.text",
 )
 BATCH = 32
 NUM_CLASSES = 5
@@ -57,6 +59,10 @@ NUM_LABELS = 4
 SEQUENCE = 4
 #: outputs of the multi-output regression inputs, and the size of the distributions KLDivergence compares
 OUTPUTS = 3
+#: image inputs (PeakSignalNoiseRatio, GeneralizedDiceScore): channels and side; text inputs (Perplexity): the length
+#: of a sequence and the vocabulary
+CHANNELS, SIDE = 3, 16
+SEQUENCE_LENGTH, VOCABULARY = 8, 100
 
 
 # ----------------------------------------------------------------------------------------------- specifications
@@ -83,7 +89,9 @@ def resolve_metric_class(name: str) -> type:
         if exported is not None and name not in exported:
             continue
         cls = getattr(module, name, None)
-        if isinstance(cls, type) and issubclass(cls, _metric_base()):
+        # a deprecated top-level alias (``torchmetrics.PeakSignalNoiseRatio`` is ``_PeakSignalNoiseRatio``, which
+        # warns) is skipped for the sub-package's own class
+        if isinstance(cls, type) and issubclass(cls, _metric_base()) and cls.__name__ == name:
             return cls
     raise SpecError(f"{name!r} is not a metric exported by torchmetrics (looked in {', '.join(NAMESPACES)})")
 
@@ -112,16 +120,34 @@ def parse_spec(spec: str) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
     if any(isinstance(arg, ast.Starred) for arg in node.args) or any(kw.arg is None for kw in node.keywords):
         raise SpecError(f"{spec!r}: *args and **kwargs are not allowed")
     try:
-        args = tuple(ast.literal_eval(arg) for arg in node.args)
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        args = tuple(_argument(arg) for arg in node.args)
+        kwargs = {kw.arg: _argument(kw.value) for kw in node.keywords if kw.arg is not None}
     except ValueError:
         raise SpecError(f"{spec!r}: arguments must be Python literals (numbers, strings, None, tuples, ...)") from None
     return resolve_metric_class(node.func.id), args, kwargs
 
 
+@dataclass(frozen=True)
+class _Nested:
+    """A metric specification inside another's arguments (a wrapper's base metric), built with the wrapper."""
+
+    spec: str
+
+
+def _argument(node: ast.expr) -> Any:
+    """A literal, or (for wrappers such as ``MinMaxMetric(MeanSquaredError())``) a nested metric specification."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        nested = ast.unparse(node)
+        parse_spec(nested)  # the same rules, all the way down
+        return _Nested(nested)
+    return ast.literal_eval(node)
+
+
 def build_metric(spec: str) -> Any:
     """A new metric instance as the specification ``spec`` describes it (parsed with :func:`parse_spec`)."""
     cls, args, kwargs = parse_spec(spec)
+    args = tuple(build_metric(arg.spec) if isinstance(arg, _Nested) else arg for arg in args)
+    kwargs = {key: build_metric(value.spec) if isinstance(value, _Nested) else value for key, value in kwargs.items()}
     return cls(*args, **kwargs)
 
 
@@ -143,6 +169,14 @@ def _family(metric: Any) -> str:
         return "distribution"
     if type(metric).__module__.startswith("torchmetrics.regression"):
         return "regression"
+    if name == "MinMaxMetric":  # a wrapper is updated as its base metric
+        return _family(metric._base_metric)
+    if name == "PeakSignalNoiseRatio":
+        return "image"
+    if name == "Perplexity":
+        return "text"
+    if name == "GeneralizedDiceScore":
+        return "segmentation"
     raise SpecError(
         f"cannot make inputs for {name}: the audit knows aggregators, Binary*/Multiclass*/Multilabel* classification"
         " metrics (task wrappers included) and regression metrics"
@@ -188,6 +222,19 @@ def make_inputs(
         return (rand(batch, OUTPUTS), rand(batch, OUTPUTS)), {}
     if kind == "distribution":
         return (rand(batch, OUTPUTS), rand(batch, OUTPUTS)), {}
+    if kind == "image":
+        return (rand(batch, CHANNELS, SIDE, SIDE), rand(batch, CHANNELS, SIDE, SIDE)), {}
+    if kind == "text":  # logits; with ``ignore_index``, about a tenth of the positions ignored
+        target = randint(VOCABULARY, batch, SEQUENCE_LENGTH)
+        if metric.ignore_index is not None:
+            target = target.masked_fill(rand(batch, SEQUENCE_LENGTH) < 0.1, metric.ignore_index)
+        return (torch.randn(batch, SEQUENCE_LENGTH, VOCABULARY, generator=gen).to(device), target), {}
+    if kind == "segmentation":  # labels, one-hot encoded unless the metric takes indices
+        classes = int(metric.num_classes)
+        preds, target = randint(classes, batch, SIDE, SIDE), randint(classes, batch, SIDE, SIDE)
+        if metric.input_format == "index":
+            return (preds, target), {}
+        return tuple(torch.nn.functional.one_hot(x, classes).movedim(-1, 1) for x in (preds, target)), {}
     raise ValueError(f"unknown input kind {kind!r}")
 
 
@@ -204,6 +251,9 @@ CALL_TEXT = {
     "regression": "update(preds, target)",
     "multioutput": f"update(preds, target) x {OUTPUTS} outputs",
     "distribution": "update(p, q)",
+    "image": "update(preds, target)",
+    "text": "update(preds, target)",
+    "segmentation": "update(preds, target)",
 }
 
 
@@ -229,6 +279,13 @@ _REGRESSION_AREA_MODULES = {
     f"torchmetrics.regression.{name}" for name in ("r2", "explained_variance", "pearson", "kl_divergence", "spearman")
 }
 _CURVE_MODULES = {f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc")}
+#: modules outside classification/regression patched by an area of their own (issue 11), and the area's name
+_MODULE_AREAS = {
+    "torchmetrics.wrappers.minmax": "minmax",
+    "torchmetrics.image.psnr": "psnr",
+    "torchmetrics.text.perplexity": "perplexity",
+    "torchmetrics.segmentation.generalized_dice": "generalized_dice",
+}
 
 
 @dataclass(frozen=True)
@@ -253,6 +310,8 @@ class Config:
             return "precision_recall_curve"
         if module in _OWN_AREA_MODULES or module in _REGRESSION_AREA_MODULES:
             return module.rsplit(".", 1)[-1]
+        if module in _MODULE_AREAS:
+            return _MODULE_AREAS[module]
         for area in ("aggregation", "classification", "regression"):
             if module.startswith(f"torchmetrics.{area}"):
                 return area
@@ -329,6 +388,13 @@ def catalogue() -> list[Config]:
         configs.append(Config(spec))
     configs.append(Config("SpearmanCorrCoef()"))
     configs.append(Config(f"SpearmanCorrCoef(num_outputs={OUTPUTS})", "multioutput"))
+    # issue 11: a wrapper, an image, a text and a segmentation metric
+    configs.append(Config("MinMaxMetric(MeanSquaredError())"))
+    configs.append(Config("PeakSignalNoiseRatio(data_range=1.0)"))
+    configs.append(Config("PeakSignalNoiseRatio(data_range=(0.0, 1.0), dim=(1, 2, 3), reduction='none')"))
+    configs += [Config(f"Perplexity(ignore_index={ignore_index})") for ignore_index in (None, -100)]
+    configs.append(Config(f"GeneralizedDiceScore(num_classes={NUM_CLASSES})"))
+    configs.append(Config(f"GeneralizedDiceScore(num_classes={NUM_CLASSES}, input_format='index', per_class=True)"))
     return configs
 
 

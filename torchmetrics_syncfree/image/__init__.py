@@ -1,0 +1,1 @@
+"""Sync-free ``torchmetrics.image``: :mod:`~torchmetrics_syncfree.image.psnr` (area ``psnr``)."""

@@ -1,0 +1,1 @@
+"""Sync-free ``torchmetrics.segmentation``: GeneralizedDiceScore (area ``generalized_dice``)."""

@@ -1,0 +1,1 @@
+"""Sync-free ``torchmetrics.text``: :mod:`~torchmetrics_syncfree.text.perplexity` (area ``perplexity``)."""

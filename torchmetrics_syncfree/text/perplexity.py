@@ -1,0 +1,60 @@
+"""Sync-free ``torchmetrics.text.perplexity``: Perplexity (and the functional ``perplexity``).
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``torch.tensor(0, device=...)`` to replace           ``masked_fill(ignored, 0)``: no host-to-device copy
+ignored targets
+``probs[torch.arange(n), target]``: a CPU index      the same integer indexing with the ``arange`` made on the
+copied to the device                                 device (negative targets wrap and bad ones fail as in stock)
+``[mask]`` (boolean mask) and ``mask.sum()``         ignored entries' probabilities set to 1 (log 0) and summed
+                                                     with the others; the count is the mask's sum (or the known
+                                                     ``numel`` without ``ignore_index``)
+==================================================  ===========================================================
+
+The input checks (``_check_shape_and_type_consistency``: ranks, shapes and dtypes) read host information only and
+raise at once, as stock. Where reads are free (CPU) the update is stock's function, so CPU results are stock's to the
+bit. On the device path, without ``ignore_index``, the sum is over the same values in the same order: stock's to the
+bit. With ``ignore_index`` it runs over every position, the ignored ones adding 0: the float sum may differ from
+stock's (over the kept entries only) in the last bits (relative 1e-6 in float32), as any change of summation order.
+The gradient through ignored positions is 0, as in stock.
+
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.text.perplexity import _check_shape_and_type_consistency
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import get_original, replaces
+
+_FUNCTIONAL = "torchmetrics.functional.text.perplexity"
+
+
+@functools.cache
+def _stock(name: str) -> Callable[..., Any]:
+    """The original TorchMetrics function (cached: ``get_original`` loads the areas on every call)."""
+    return get_original(f"{_FUNCTIONAL}.{name}")
+
+
+@replaces(f"{_FUNCTIONAL}._perplexity_update", params=("preds", "target", "ignore_index"), everywhere=True)
+def _perplexity_update(preds: Tensor, target: Tensor, ignore_index: int | None = None) -> tuple[Tensor, Tensor]:
+    """Stock's statistics with fixed shapes: ignored positions add 0 instead of being selected away."""
+    if _deferred.reads_are_free(preds):
+        return _stock("_perplexity_update")(preds, target, ignore_index)
+    _check_shape_and_type_consistency(preds, target)
+    probs = torch.nn.functional.softmax(preds.reshape(-1, preds.shape[-1]), dim=1)
+    target = target.reshape(-1)
+    positions = torch.arange(target.numel(), device=target.device)
+    if ignore_index is None:
+        probs = probs[positions, target]
+        return -probs.log().sum(), torch.full((), target.numel(), dtype=torch.int64, device=target.device)
+    kept = target != ignore_index
+    probs = probs[positions, target.masked_fill(~kept, 0)]
+    return -probs.masked_fill(~kept, 1).log().sum(), kept.sum()

@@ -1,0 +1,1 @@
+"""Sync-free ``torchmetrics.wrappers``: :mod:`~torchmetrics_syncfree.wrappers.minmax` (area ``minmax``)."""
