@@ -54,6 +54,8 @@ register_area(
 )
 register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
+register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
+register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
 
 __all__ = [
     "FORCE_ENV_VAR",
