@@ -154,6 +154,8 @@ def test_the_catalogue_covers_the_issue():
         "hinge",
         "exact_match",
         "regression",
+        "retrieval",
+        "retrieval_fall_out",
     }
 
 

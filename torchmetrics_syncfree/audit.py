@@ -55,6 +55,8 @@ NUM_CLASSES = 5
 NUM_LABELS = 4
 #: positions per sample of the multiclass sequence inputs (ExactMatch)
 SEQUENCE = 4
+#: documents per query of the retrieval inputs (a batch of BATCH documents: 4 queries)
+RETRIEVAL_DOCS = 8
 
 
 # ----------------------------------------------------------------------------------------------- specifications
@@ -139,6 +141,8 @@ def _family(metric: Any) -> str:
             return prefix.lower()
     if type(metric).__module__.startswith("torchmetrics.regression"):
         return "regression"
+    if type(metric).__module__.startswith("torchmetrics.retrieval"):
+        return "retrieval"
     raise SpecError(
         f"cannot make inputs for {name}: the audit knows aggregators, Binary*/Multiclass*/Multilabel* classification"
         " metrics (task wrappers included) and regression metrics"
@@ -180,6 +184,9 @@ def make_inputs(
         return (rand(batch, labels), randint(2, batch, labels)), {}
     if kind == "regression":
         return (rand(batch), rand(batch)), {}
+    if kind == "retrieval":  # RETRIEVAL_DOCS documents per query
+        indexes = torch.arange(batch, device=device) // RETRIEVAL_DOCS + seed * batch
+        return (rand(batch), randint(2, batch)), {"indexes": indexes}
     raise ValueError(f"unknown input kind {kind!r}")
 
 
@@ -194,6 +201,7 @@ CALL_TEXT = {
     "multilabel": "update(preds, target)",
     "sequence": "update(preds, target)",
     "regression": "update(preds, target)",
+    "retrieval": "update(preds, target, indexes=indexes)",
 }
 
 
@@ -217,6 +225,17 @@ _OWN_AREA_MODULES = {
 _CURVE_MODULES = {f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc")}
 
 
+#: modules of the retrieval metrics -> the area that patches them (the base class's update and compute; FallOut's own
+#: compute); RetrievalPrecisionRecallCurve/RecallAtFixedPrecision have their own update and are not patched
+_RETRIEVAL_MODULES = {
+    **{
+        f"torchmetrics.retrieval.{name}": "retrieval"
+        for name in ("reciprocal_rank", "hit_rate", "precision", "recall", "average_precision", "ndcg", "r_precision")
+    },
+    "torchmetrics.retrieval.fall_out": "retrieval_fall_out",
+}
+
+
 @dataclass(frozen=True)
 class Config:
     """One audited configuration: a metric specification and the kind of input it is updated with."""
@@ -232,13 +251,18 @@ class Config:
     @property
     def area(self) -> str:
         """The patch area (see :func:`torchmetrics_syncfree._registry.register_area`) that covers this metric."""
-        module = parse_spec(self.spec)[0].__module__
+        cls = parse_spec(self.spec)[0]
+        module = cls.__module__
+        # the deprecated top-level retrieval classes (``torchmetrics.RetrievalMRR``) subclass the retrieval modules' ones
+        module = next((c.__module__ for c in cls.__mro__ if c.__module__ in _RETRIEVAL_MODULES), module)
         if module in _CONFUSION_MATRIX_MODULES:
             return "confusion_matrix"
         if module in _CURVE_MODULES:
             return "precision_recall_curve"
         if module in _OWN_AREA_MODULES:
             return module.rsplit(".", 1)[-1]
+        if module in _RETRIEVAL_MODULES:
+            return _RETRIEVAL_MODULES[module]
         for area in ("aggregation", "classification", "regression"):
             if module.startswith(f"torchmetrics.{area}"):
                 return area
@@ -304,8 +328,22 @@ def catalogue() -> list[Config]:
     configs.append(Config(f"ExactMatch(task='multiclass', num_classes={NUM_CLASSES})"))
     configs.append(Config(f"ExactMatch(task='multilabel', num_labels={NUM_LABELS})"))
     configs += [Config(f"{name}()") for name in ("MeanSquaredError", "MeanAbsoluteError", "R2Score")]
+    configs += [Config(spec) for spec in _RETRIEVAL_CATALOGUE]
     return configs
 
+
+#: the retrieval rows of the catalogue (issue 11)
+_RETRIEVAL_CATALOGUE = (
+    "RetrievalMRR()",
+    "RetrievalHitRate(top_k=3)",
+    "RetrievalPrecision(top_k=3)",
+    "RetrievalRecall(top_k=3)",
+    "RetrievalMAP()",
+    "RetrievalNormalizedDCG()",
+    "RetrievalRPrecision()",
+    "RetrievalFallOut(top_k=3)",
+    "RetrievalMRR(ignore_index=-1, aggregation='median')",
+)
 
 CATALOGUE: tuple[Config, ...] = tuple(catalogue())
 
