@@ -87,7 +87,18 @@ def _audit_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--inputs",
         default="auto",
-        choices=("auto", "vector", "loss", "float", "weighted", "binary", "multiclass", "multilabel", "regression", "retrieval"),
+        choices=(
+            "auto",
+            "vector",
+            "loss",
+            "float",
+            "weighted",
+            "binary",
+            "multiclass",
+            "multilabel",
+            "regression",
+            "retrieval",
+        ),
         help="what --metric metrics are updated with (default: chosen from the metric's family)",
     )
     p.add_argument("--catalogue", action="store_true", help="audit the catalogue as well as the --metric metrics")

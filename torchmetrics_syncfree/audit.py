@@ -253,7 +253,7 @@ class Config:
         """The patch area (see :func:`torchmetrics_syncfree._registry.register_area`) that covers this metric."""
         cls = parse_spec(self.spec)[0]
         module = cls.__module__
-        # the deprecated top-level retrieval classes (``torchmetrics.RetrievalMRR``) subclass the retrieval modules' ones
+        # deprecated top-level retrieval classes (``torchmetrics.RetrievalMRR``) subclass the retrieval modules' ones
         module = next((c.__module__ for c in cls.__mro__ if c.__module__ in _RETRIEVAL_MODULES), module)
         if module in _CONFUSION_MATRIX_MODULES:
             return "confusion_matrix"
