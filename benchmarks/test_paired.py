@@ -81,6 +81,12 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (32, 256)
     ),
     (Config("ExactMatch(task='multilabel', num_labels=100)"), 256),
+    # retrieval (issue 11): 32 queries x 10 and x 100 documents per step (the audit's retrieval inputs)
+    *(
+        (Config(spec), batch)
+        for spec in ("RetrievalMRR()", "RetrievalPrecision(top_k=10)", "RetrievalNormalizedDCG()", "RetrievalMAP()")
+        for batch in (320, 3200)
+    ),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000
@@ -269,6 +275,10 @@ DEVICE_PATH = tuple(
         ("AUROC(task='multiclass', num_classes=10)", "auto"),
         ("AUROC(task='multiclass', num_classes=1000)", "auto"),
         ("AveragePrecision(task='multilabel', num_labels=10)", "auto"),
+        # retrieval: forward's compute is the fixed-shape pass against stock's per-query loop (4 queries x 8 documents)
+        ("RetrievalMRR()", "auto"),
+        ("RetrievalNormalizedDCG()", "auto"),
+        ("RetrievalMAP()", "auto"),
     )
 )
 

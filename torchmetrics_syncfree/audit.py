@@ -184,8 +184,9 @@ def make_inputs(
         return (rand(batch, labels), randint(2, batch, labels)), {}
     if kind == "regression":
         return (rand(batch), rand(batch)), {}
-    if kind == "retrieval":  # RETRIEVAL_DOCS documents per query
-        indexes = torch.arange(batch, device=device) // RETRIEVAL_DOCS + seed * batch
+    if kind == "retrieval":  # RETRIEVAL_DOCS documents per query; larger batches: 32 queries of batch // 32 documents
+        docs = RETRIEVAL_DOCS if batch <= 32 * RETRIEVAL_DOCS else batch // 32
+        indexes = torch.arange(batch, device=device) // docs + seed * batch
         return (rand(batch), randint(2, batch)), {"indexes": indexes}
     raise ValueError(f"unknown input kind {kind!r}")
 

@@ -175,6 +175,20 @@ def _kept(self: Any, target: Tensor) -> Tensor | None:
     return kept
 
 
+def _holds_left_out_entries(self: Any) -> bool:
+    """Whether the list states hold entries the device path kept for the compute to leave out (reads the device).
+
+    Looked at per stored batch, without concatenating: where reads are free this is the only cost stock's compute
+    pays extra (a state of the CPU path never holds such entries, but one made on a GPU and moved to the CPU, e.g. by
+    ``compute_on_cpu=True``, can).
+    """
+    for target in self.target:
+        kept = _kept(self, target)
+        if kept is not None and not bool(kept.all()):
+            return True
+    return False
+
+
 @contextmanager
 def _left_out_entries_dropped(self: Any) -> Iterator[None]:
     """Stock's list states for the duration of a stock compute: the kept-for-later entries dropped by boolean mask.
@@ -182,14 +196,11 @@ def _left_out_entries_dropped(self: Any) -> Iterator[None]:
     Reads the device (a data-dependent shape): used where reads are free, and by the computes without a fixed-shape
     form (stock's, which read anyway).
     """
-    if not self.target:
+    if not _holds_left_out_entries(self):
         yield
         return
     target = dim_zero_cat(self.target)
     kept = _kept(self, target)
-    if kept is None or bool(kept.all()):
-        yield
-        return
     states = self.indexes, self.preds, self.target
     self.indexes = [dim_zero_cat(self.indexes)[kept]]
     self.preds = [dim_zero_cat(self.preds)[kept]]
