@@ -330,3 +330,57 @@ def test_update_traces_without_a_graph_break(name: str) -> None:
         explanation = torch._dynamo.explain(lambda p, t, i: metric.update(p, t, indexes=i))(preds, target, indexes)
     torch._dynamo.reset()
     assert [str(r.reason).split("\n")[0] for r in explanation.break_reasons] == []
+
+
+def _retrieval_world_data(rank: int) -> list[Batch]:
+    return _batches(40 + rank, -1)
+
+
+def _retrieval_world(rank: int, world_size: int) -> dict[str, Any]:
+    """Every rank updates MRR (ignore_index, device path); rank 1 also an invalid batch, and an "error" metric gets a
+    query without a relevant document on rank 1 only: compute() raises on every rank, then gives stock's value."""
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import _deferred
+
+    torchmetrics_syncfree.patch_all()
+    _deferred.force_device_path(True)
+    out: dict[str, Any] = {}
+    metric = retrieval.RetrievalMRR(ignore_index=-1)
+    strict = retrieval.RetrievalMRR(empty_target_action="error")
+    for preds, target, indexes in _retrieval_world_data(rank):
+        metric.update(preds, target, indexes=indexes)
+    strict.update(torch.tensor([0.5, 0.2]), torch.tensor([1, rank % 2]), indexes=torch.tensor([0, 1 + rank]))
+    # as many updates on every rank (stock's list states, dist_reduce_fx=None, are gathered per stored batch)
+    with _deferred.simulated_copy_delay(None):  # not reported before compute()
+        bad = torch.tensor([0, 2 if rank == 1 else 1])
+        metric.update(torch.tensor([0.5, 0.2]), bad, indexes=torch.tensor([100, 100]))
+    for name, m in (("mrr", metric), ("strict", strict)):
+        try:
+            m.compute()
+            out[f"{name}_error"] = None
+        except ValueError as err:
+            out[f"{name}_error"] = str(err)
+    out["mrr"] = metric.compute()
+    out["strict_synced"] = strict._is_synced
+    _deferred.force_device_path(False)
+    return out
+
+
+@pytest.mark.slow  # two spawned ranks: about a minute on the 2-core VM
+def test_ddp_ranks_raise_together_and_compute_stocks_value(tmp_path: Any) -> None:
+    from tests import _ddp_world
+
+    world_size = 2
+    results = [
+        res["_retrieval_world@gloo"] for res in _ddp_world.run_world([("gloo", _retrieval_world)], world_size, tmp_path)
+    ]
+    stock = retrieval.RetrievalMRR(ignore_index=-1)
+    for rank in range(world_size):
+        for preds, target, indexes in _retrieval_world_data(rank):
+            stock.update(preds, target, indexes=indexes)
+    stock.update(torch.tensor([0.5, 0.2]), torch.tensor([0, 1]), indexes=torch.tensor([100, 100]))  # rank 0's
+    for res in results:
+        assert res["mrr_error"] == "`target` must contain `binary` values"
+        assert res["strict_error"] == "`compute` method was provided with a query with no positive target."
+        torch.testing.assert_close(res["mrr"], stock.compute(), rtol=1e-6, atol=0)
+        assert res["strict_synced"] is False  # left unsynced and usable

@@ -397,8 +397,16 @@ def fixed_shape_compute(
     else:
         counted = q.real & ~empty_query
         if action == "error":
-            _deferred.record_in_compute(self, no_target, empty_query.any())
-            _deferred.report_pending(self)  # the eager point: stock raises before it returns a value
+            # filed and read at once (the eager point: stock raises before it returns a value), by every rank of a
+            # synced compute alike (not ``record_in_compute``, whose filing is rank zero's only, for warnings);
+            # inside ``forward`` it is read at forward's end
+            _deferred.record(self, no_target, empty_query.any())
+            try:
+                _deferred.report_pending(self)
+            except BaseException:
+                if self._is_synced:  # raised inside the sync context, which unsyncs only when compute returns
+                    self.unsync()
+                raise
     return _aggregate(value, counted, self.aggregation).to(preds)
 
 
