@@ -377,6 +377,7 @@ def _example_metrics() -> list[Any]:
         MultilabelROC,
         MultilabelStatScores,
     )
+    from torchmetrics.retrieval import RetrievalFallOut, RetrievalMRR
 
     return [
         MeanMetric(),
@@ -409,6 +410,8 @@ def _example_metrics() -> list[Any]:
         BinaryLogAUC(),
         MulticlassLogAUC(num_classes=3, thresholds=5),
         MultilabelLogAUC(num_labels=3),
+        RetrievalMRR(),  # the retrieval base class's __init__, update and compute
+        RetrievalFallOut(),  # its own compute
     ]
 
 
