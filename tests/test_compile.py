@@ -45,7 +45,16 @@ PATCHED_CONFIGS = [
     config
     for config in catalogue()
     if config.area
-    in ("aggregation", "classification", "confusion_matrix", "precision_recall_curve", "hinge", "exact_match")
+    in (
+        "aggregation",
+        "classification",
+        "confusion_matrix",
+        "precision_recall_curve",
+        "hinge",
+        "exact_match",
+        "retrieval",
+        "retrieval_fall_out",
+    )
     and config.inputs != "float"
 ]
 
