@@ -46,6 +46,7 @@ Deviations from stock (documented in ``docs/retrieval.md``, tested in ``tests/te
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,7 +84,9 @@ KINDS = (EMPTY, NOT_BINARY, NO_POSITIVE, NO_NEGATIVE)
 _INVALID_TARGET = -1
 
 
+@functools.cache
 def _stock(target: str) -> Callable[..., Any]:
+    """The original TorchMetrics object behind a patch target (cached: originals never change)."""
     return get_original(target)
 
 
