@@ -149,10 +149,10 @@ def _update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
     """Stock's update where reads are free; on the device path its checks deferred and no boolean mask."""
     if indexes is None:
         raise ValueError("Argument `indexes` cannot be None")
-    _refresh_kinds(self)
-    if _deferred.reads_are_free(preds):
+    if _deferred.reads_are_free(preds):  # stock's checks raise at once: nothing is filed
         _stock(f"{_MODULE}.RetrievalMetric.update")(self, preds, target, indexes)
         return
+    _refresh_kinds(self)
     indexes, preds, target = _checked_inputs(self, indexes, preds, target)
     self.indexes.append(indexes)
     self.preds.append(preds)
@@ -389,6 +389,7 @@ def fixed_shape_compute(
     no_target: _deferred.Check,
 ) -> Tensor:
     """Stock's ``compute`` loop as one fixed-shape pass: per-query ``values``, ``empty`` queries per the action."""
+    _refresh_kinds(self)
     indexes, preds, target = (dim_zero_cat(state) for state in (self.indexes, self.preds, self.target))
     q = _Queries(indexes, preds, target, _kept(self, target))
     empty_query = q.real & empty(q)
