@@ -144,13 +144,16 @@ def _checked_inputs(self: Any, indexes: Tensor, preds: Tensor, target: Tensor) -
     return indexes.long(), preds.float(), target
 
 
-@replaces(f"{_MODULE}.RetrievalMetric.update", params=("self", "preds", "target", "indexes"), kind="metric_method")
+_STOCK_UPDATE = f"{_MODULE}.RetrievalMetric.update"
+
+
+@replaces(_STOCK_UPDATE, params=("self", "preds", "target", "indexes"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
     """Stock's update where reads are free; on the device path its checks deferred and no boolean mask."""
     if indexes is None:
         raise ValueError("Argument `indexes` cannot be None")
     if _deferred.reads_are_free(preds):  # stock's checks raise at once: nothing is filed
-        _stock(f"{_MODULE}.RetrievalMetric.update")(self, preds, target, indexes)
+        _stock(_STOCK_UPDATE)(self, preds, target, indexes)
         return
     _refresh_kinds(self)
     indexes, preds, target = _checked_inputs(self, indexes, preds, target)
