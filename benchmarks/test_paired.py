@@ -96,6 +96,12 @@ SIZED: tuple[tuple[Config, int], ...] = (
             "GeneralizedDiceScore(num_classes=5, input_format='index')",
         )
     ),
+    # retrieval (issue 11): 32 queries x 10 and x 100 documents per step (the audit's retrieval inputs)
+    *(
+        (Config(spec), batch)
+        for spec in ("RetrievalMRR()", "RetrievalPrecision(top_k=10)", "RetrievalNormalizedDCG()", "RetrievalMAP()")
+        for batch in (320, 3200)
+    ),
 )
 REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
 REPORT_BATCH, REPORT_CLASSES = 128, 1000
@@ -294,6 +300,10 @@ DEVICE_PATH = tuple(
         ("PeakSignalNoiseRatio(data_range=1.0)", "auto"),
         ("Perplexity(ignore_index=-100)", "auto"),
         ("GeneralizedDiceScore(num_classes=5, input_format='index')", "auto"),
+        # retrieval: forward's compute is the fixed-shape pass against stock's per-query loop (4 queries x 8 documents)
+        ("RetrievalMRR()", "auto"),
+        ("RetrievalNormalizedDCG()", "auto"),
+        ("RetrievalMAP()", "auto"),
     )
 )
 

@@ -164,6 +164,8 @@ def test_the_catalogue_covers_the_issue():
         "psnr",
         "perplexity",
         "generalized_dice",
+        "retrieval",
+        "retrieval_fall_out",
     }
 
 

@@ -57,6 +57,8 @@ PATCHED_CONFIGS = [
         "pearson",
         "kl_divergence",
         "spearman",
+        "retrieval",
+        "retrieval_fall_out",
     )
     and config.inputs != "float"
 ]

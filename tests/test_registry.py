@@ -377,6 +377,7 @@ def _example_metrics() -> list[Any]:
         MultilabelROC,
         MultilabelStatScores,
     )
+    from torchmetrics.retrieval import RetrievalFallOut, RetrievalMRR
     from torchmetrics.segmentation import GeneralizedDiceScore
     from torchmetrics.wrappers import MinMaxMetric
 
@@ -415,6 +416,8 @@ def _example_metrics() -> list[Any]:
         # issue 11
         GeneralizedDiceScore(num_classes=3),
         MinMaxMetric(MeanMetric()),
+        RetrievalMRR(),  # the retrieval base class's __init__, update and compute
+        RetrievalFallOut(),  # its own compute
     ]
 
 

@@ -66,6 +66,8 @@ register_area("perplexity", "torchmetrics_syncfree.text.perplexity", requires=("
 register_area(
     "generalized_dice", "torchmetrics_syncfree.segmentation.generalized_dice", requires=("metric", "classification")
 )
+register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
+register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
 
 __all__ = [
     "FORCE_ENV_VAR",

@@ -102,6 +102,7 @@ def _audit_parser(sub: argparse._SubParsersAction) -> None:
             "image",
             "text",
             "segmentation",
+            "retrieval",
         ),
         help="what --metric metrics are updated with (default: chosen from the metric's family)",
     )

@@ -63,6 +63,8 @@ OUTPUTS = 3
 #: of a sequence and the vocabulary
 CHANNELS, SIDE = 3, 16
 SEQUENCE_LENGTH, VOCABULARY = 8, 100
+#: documents per query of the retrieval inputs (a batch of BATCH documents: 4 queries)
+RETRIEVAL_DOCS = 8
 
 
 # ----------------------------------------------------------------------------------------------- specifications
@@ -177,6 +179,8 @@ def _family(metric: Any) -> str:
         return "text"
     if name == "GeneralizedDiceScore":
         return "segmentation"
+    if type(metric).__module__.startswith("torchmetrics.retrieval"):
+        return "retrieval"
     raise SpecError(
         f"cannot make inputs for {name}: the audit knows aggregators, Binary*/Multiclass*/Multilabel* classification"
         " metrics (task wrappers included) and regression metrics"
@@ -235,6 +239,10 @@ def make_inputs(
         if metric.input_format == "index":
             return (preds, target), {}
         return tuple(torch.nn.functional.one_hot(x, classes).movedim(-1, 1) for x in (preds, target)), {}
+    if kind == "retrieval":  # RETRIEVAL_DOCS documents per query; larger batches: 32 queries of batch // 32 documents
+        docs = RETRIEVAL_DOCS if batch <= 32 * RETRIEVAL_DOCS else batch // 32
+        indexes = torch.arange(batch, device=device) // docs + seed * batch
+        return (rand(batch), randint(2, batch)), {"indexes": indexes}
     raise ValueError(f"unknown input kind {kind!r}")
 
 
@@ -254,6 +262,7 @@ CALL_TEXT = {
     "image": "update(preds, target)",
     "text": "update(preds, target)",
     "segmentation": "update(preds, target)",
+    "retrieval": "update(preds, target, indexes=indexes)",
 }
 
 
@@ -274,17 +283,27 @@ _OWN_AREA_MODULES = {
     f"torchmetrics.classification.{name}" for name in ("hinge", "exact_match", "auroc", "average_precision", "logauc")
 }
 #: modules of the metrics built on ``*PrecisionRecallCurve``, whose update the ``precision_recall_curve`` area patches
-#: regression modules patched by an area of their own name (issue 11)
-_REGRESSION_AREA_MODULES = {
-    f"torchmetrics.regression.{name}" for name in ("r2", "explained_variance", "pearson", "kl_divergence", "spearman")
-}
 _CURVE_MODULES = {f"torchmetrics.classification.{name}" for name in ("precision_recall_curve", "roc")}
-#: modules outside classification/regression patched by an area of their own (issue 11), and the area's name
+#: modules of the retrieval metrics -> the area that patches them (the base class's update and compute; FallOut's own
+#: compute); RetrievalPrecisionRecallCurve/RecallAtFixedPrecision have their own update and are not patched
+_RETRIEVAL_MODULES = {
+    **{
+        f"torchmetrics.retrieval.{name}": "retrieval"
+        for name in ("reciprocal_rank", "hit_rate", "precision", "recall", "average_precision", "ndcg", "r_precision")
+    },
+    "torchmetrics.retrieval.fall_out": "retrieval_fall_out",
+}
+#: modules outside classification patched by an area of their own (issue 11) -> the area's name
 _MODULE_AREAS = {
+    **{
+        f"torchmetrics.regression.{name}": name
+        for name in ("r2", "explained_variance", "pearson", "kl_divergence", "spearman")
+    },
     "torchmetrics.wrappers.minmax": "minmax",
     "torchmetrics.image.psnr": "psnr",
     "torchmetrics.text.perplexity": "perplexity",
     "torchmetrics.segmentation.generalized_dice": "generalized_dice",
+    **_RETRIEVAL_MODULES,
 }
 
 
@@ -303,12 +322,15 @@ class Config:
     @property
     def area(self) -> str:
         """The patch area (see :func:`torchmetrics_syncfree._registry.register_area`) that covers this metric."""
-        module = parse_spec(self.spec)[0].__module__
+        cls = parse_spec(self.spec)[0]
+        module = cls.__module__
+        # deprecated top-level retrieval classes (``torchmetrics.RetrievalMRR``) subclass the retrieval modules' ones
+        module = next((c.__module__ for c in cls.__mro__ if c.__module__ in _RETRIEVAL_MODULES), module)
         if module in _CONFUSION_MATRIX_MODULES:
             return "confusion_matrix"
         if module in _CURVE_MODULES:
             return "precision_recall_curve"
-        if module in _OWN_AREA_MODULES or module in _REGRESSION_AREA_MODULES:
+        if module in _OWN_AREA_MODULES:
             return module.rsplit(".", 1)[-1]
         if module in _MODULE_AREAS:
             return _MODULE_AREAS[module]
@@ -395,8 +417,22 @@ def catalogue() -> list[Config]:
     configs += [Config(f"Perplexity(ignore_index={ignore_index})") for ignore_index in (None, -100)]
     configs.append(Config(f"GeneralizedDiceScore(num_classes={NUM_CLASSES})"))
     configs.append(Config(f"GeneralizedDiceScore(num_classes={NUM_CLASSES}, input_format='index', per_class=True)"))
+    configs += [Config(spec) for spec in _RETRIEVAL_CATALOGUE]
     return configs
 
+
+#: the retrieval rows of the catalogue (issue 11)
+_RETRIEVAL_CATALOGUE = (
+    "RetrievalMRR()",
+    "RetrievalHitRate(top_k=3)",
+    "RetrievalPrecision(top_k=3)",
+    "RetrievalRecall(top_k=3)",
+    "RetrievalMAP()",
+    "RetrievalNormalizedDCG()",
+    "RetrievalRPrecision()",
+    "RetrievalFallOut(top_k=3)",
+    "RetrievalMRR(ignore_index=-1, aggregation='median')",
+)
 
 CATALOGUE: tuple[Config, ...] = tuple(catalogue())
 
