@@ -7,14 +7,13 @@ truth the CPU probe stands in for.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
 from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, MinMetric, SumMetric
 
 import torchmetrics_syncfree
+from tests._probing import syncs_are_errors
 from torchmetrics_syncfree import SyncProbe, audit, demo
 
 pytestmark = [
@@ -24,17 +23,6 @@ pytestmark = [
 
 AGGREGATORS = (MeanMetric, SumMetric, MaxMetric, MinMetric, CatMetric)
 STRATEGIES = ("error", "warn", "ignore", "disable", 0.0)
-
-
-@contextmanager
-def syncs_are_errors() -> Iterator[None]:
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _make(cls, strategy):

@@ -4,8 +4,7 @@ stock's synchronizations seen unpatched. Run by ``tox -e gpu``; skipped without 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,22 +16,12 @@ from torchmetrics.text import Perplexity
 from torchmetrics.wrappers import MinMaxMetric
 
 import torchmetrics_syncfree
+from tests._probing import syncs_are_errors
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)"),
 ]
-
-
-@contextmanager
-def syncs_are_errors() -> Iterator[None]:
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _inputs(name: str, seed: int) -> tuple[torch.Tensor, ...]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,6 +13,7 @@ import torch
 import torchmetrics
 
 import torchmetrics_syncfree
+from tests._probing import syncs_are_errors
 from tests._regression_cases import batches
 
 pytestmark = [
@@ -29,17 +28,6 @@ METRICS = {
     "pearson": lambda: torchmetrics.PearsonCorrCoef(num_outputs=3),
     "spearman": lambda: torchmetrics.SpearmanCorrCoef(num_outputs=3),
 }
-
-
-@contextmanager
-def syncs_are_errors() -> Iterator[None]:
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _run(make: Any, data: list[tuple[torch.Tensor, torch.Tensor]], strict: bool) -> list[torch.Tensor]:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 import torchmetrics_syncfree
 from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
+from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe, _deferred
 
 #: (task, multidim_average, ignore_index)
@@ -80,12 +81,7 @@ def test_parity_with_stock(path: str) -> None:
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, config: tuple) -> None:
     data = _batches(config[0], config[2], seed=3)
     metric = _make(*config)
-    with SyncProbe() as probe:
-        metric.update(*data[0])
-        for preds, target in data[1:]:
-            metric(preds, target)
-        metric.compute()
-    assert probe.count == 0, probe.events
+    assert_sync_free_life(metric, data)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[_label(*c) for c in CONFIGS])

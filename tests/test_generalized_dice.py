@@ -22,6 +22,7 @@ from torchmetrics.segmentation import GeneralizedDiceScore
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
+from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe, _deferred
 
 C = 5
@@ -137,12 +138,7 @@ SYNC_CONFIGS = [c for c in CONFIGS if c[2] == "square" and c[3] and c[4]]
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, config: tuple[Any, ...]) -> None:
     data = _batches(config[1], seed=3)
     metric = _make(config)
-    with SyncProbe() as probe:
-        metric.update(*data[0])
-        for preds, target in data[1:]:
-            metric(preds, target)
-        metric.compute()
-    assert probe.count == 0, probe.events
+    assert_sync_free_life(metric, data)
 
 
 @pytest.mark.parametrize("inputs", ["onehot", "index"])

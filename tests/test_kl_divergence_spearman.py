@@ -16,6 +16,7 @@ import torchmetrics
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
+from tests._probing import assert_sync_free_life
 from tests._regression_cases import batches
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.regression.spearman import rank_data
@@ -93,12 +94,7 @@ def _data(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
     data = _data(name)
     metric = SYNC_FREE[name]()
-    with SyncProbe() as probe:
-        metric.update(*data[0])
-        for preds, target in data[1:]:
-            metric(preds, target)
-        metric.compute()
-    assert probe.count == 0, probe.events
+    assert_sync_free_life(metric, data)
 
 
 @pytest.mark.filterwarnings("ignore:Metric `SpearmanCorrcoef` will save")

@@ -16,6 +16,7 @@ from torchmetrics.text import Perplexity
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
+from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe
 
 VOCAB = 7
@@ -78,12 +79,7 @@ def test_functional_and_gradients_match_stock(path: str, ignore_index: int | Non
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, ignore_index: int | None) -> None:
     data = _batches(torch.float32, ignore_index, seed=3)
     metric = Perplexity(ignore_index=ignore_index)
-    with SyncProbe() as probe:
-        metric.update(*data[0])
-        for preds, target in data[1:]:
-            metric(preds, target)
-        metric.compute()
-    assert probe.count == 0, probe.events
+    assert_sync_free_life(metric, data)
 
 
 @pytest.mark.parametrize("ignore_index", IGNORE)

@@ -18,6 +18,7 @@ from torchmetrics.image import PeakSignalNoiseRatio
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
+from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe
 
 #: 1.6 also takes ``data_range=None`` (the range of the targets seen, kept in min/max states)
@@ -80,12 +81,7 @@ def test_functional_parity(path: str) -> None:
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
     data = _batches(torch.float32, seed=3)
     metric = _make(CONFIGS[name])
-    with SyncProbe() as probe:
-        metric.update(*data[0])
-        for preds, target in data[1:]:
-            metric(preds, target)
-        metric.compute()
-    assert probe.count == 0, probe.events
+    assert_sync_free_life(metric, data)
 
 
 @pytest.mark.parametrize("name", ["range", "dim"])
