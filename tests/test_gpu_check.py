@@ -16,6 +16,9 @@ import torch
 from torchmetrics_syncfree import audit, demo, gpu_check
 from torchmetrics_syncfree.__main__ import main, parser
 
+# the GPU check's command line and report, independent of the installed release: latest release only (see tox.ini)
+pytestmark = pytest.mark.slow
+
 ENVIRONMENT = {
     "gpus": [{"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 79.1}],
     "driver": "550.54.15",

@@ -21,6 +21,10 @@ sys.path.insert(0, str(TOOLS))
 import _upstream  # noqa: E402
 import series  # noqa: E402
 
+# the patch files against the upstream snapshots: the same on every installed release (the series is made against
+# master), so run with the latest release only (the `slow` marker's meaning in tox.ini)
+pytestmark = pytest.mark.slow
+
 SNAPSHOTS = [_upstream.SHARED_UPSTREAM / name for name in _upstream.SNAPSHOTS]
 needs_snapshots = pytest.mark.skipif(
     shutil.which("git") is None or not all(p.is_file() for p in SNAPSHOTS),
