@@ -23,7 +23,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, M
 import torchmetrics_syncfree
 from tests._aggregation_cases import STRATEGIES
 from tests.conftest import cuda
-from torchmetrics_syncfree.audit import build_metric, catalogue, make_inputs
+from torchmetrics_syncfree.audit import build_metric, catalogue, make_inputs, parse_spec
 
 NUM_CLASSES = 10
 STEPS = 30
@@ -64,7 +64,22 @@ PATCHED_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("config", PATCHED_CONFIGS, ids=[c.label for c in PATCHED_CONFIGS])
+def _one_per_metric_class_on_every_release() -> list[Any]:
+    """Every configuration; beyond the first of each metric class and task, marked ``slow`` (latest release only).
+
+    Each release traces the update of every patched metric class and task (the code that differs between releases);
+    the other arguments' variants of the same update are traced with the latest release.
+    """
+    seen, params = set(), []
+    for config in PATCHED_CONFIGS:
+        cls, _, kwargs = parse_spec(config.spec)
+        key = (cls.__name__, kwargs.get("task"), config.inputs)
+        params.append(pytest.param(config, id=config.label, marks=[pytest.mark.slow] if key in seen else []))
+        seen.add(key)
+    return params
+
+
+@pytest.mark.parametrize("config", _one_per_metric_class_on_every_release())
 def test_every_patched_update_traces_without_a_graph_break(config: Any) -> None:
     with torchmetrics_syncfree.patched():
         metric = build_metric(config.spec)
