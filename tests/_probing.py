@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -11,14 +12,23 @@ import torch
 from torchmetrics_syncfree import SyncProbe
 
 
-def assert_sync_free_life(metric: Any, batches: Sequence[tuple[Any, ...]]) -> None:
-    """``update`` with the first batch, ``forward`` with the others, then ``compute``: no would-be sync in any."""
+def assert_sync_free_life(metric: Any, batches: Sequence[tuple[Any, ...]], updates: int = 1) -> None:
+    """``update`` with the first ``updates`` batches, ``forward`` with the rest, then ``compute``: no would-be sync."""
     with SyncProbe() as probe:
-        metric.update(*batches[0])
-        for batch in batches[1:]:
+        for batch in batches[:updates]:
+            metric.update(*batch)
+        for batch in batches[updates:]:
             metric(*batch)
         metric.compute()
     assert probe.count == 0, probe.events
+
+
+def warning_messages(run: Callable[[], Any], containing: str) -> list[str]:
+    """The messages of the warnings ``run()`` emits whose text contains ``containing`` (every one, none filtered)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught if containing in str(w.message)]
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import torch._dynamo
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
+from tests._probing import warning_messages
 from tests._regression_cases import batches, constant, pearson, with_small_batches
 from torchmetrics_syncfree import SyncProbe
 
@@ -63,10 +64,7 @@ def test_stock_syncs_are_seen() -> None:
 
 
 def _variance_warnings(run: Any) -> list[str]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run()
-    return [str(w.message) for w in caught if "variance of predictions" in str(w.message)]
+    return warning_messages(run, "variance of predictions")
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
+from tests._probing import assert_sync_free_life, warning_messages
 from tests._regression_cases import batches, constant, explained_variance, r2
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.regression import r2 as r2_module
@@ -65,13 +66,7 @@ SYNC_FREE = {
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
     data = batches(seed=3, outputs=2)
     metric = SYNC_FREE[name]()
-    with SyncProbe() as probe:
-        for preds, target in data[:2]:
-            metric.update(preds, target)
-        for preds, target in data[2:]:
-            metric(preds, target)
-        metric.compute()
-    assert probe.count == 0, probe.events
+    assert_sync_free_life(metric, data, updates=2)
 
 
 @pytest.mark.parametrize("name", list(SYNC_FREE))
@@ -129,10 +124,7 @@ def test_host_bound_needs_no_read_and_is_a_lower_bound(syncfree: Any) -> None:
 
 
 def _warnings_of(run: Any) -> list[str]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run()
-    return [str(w.message) for w in caught if "adjusted r2" in str(w.message)]
+    return warning_messages(run, "adjusted r2")
 
 
 @pytest.mark.parametrize("path", PATHS)
