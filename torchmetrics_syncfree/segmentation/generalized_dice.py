@@ -128,11 +128,18 @@ if _FORMATS_IN_UTILS:
                 if num_classes is None:
                     num_classes = _utils._get_num_classes(target)
                 target, preds = _one_hot_logits(target, num_classes, flags), _one_hot(preds, num_classes, flags)
-        if preds.ndim < 3:
-            raise ValueError(f"Expected both `preds` and `target` to have at least 3 dimensions, but got {preds.ndim}.")
-        if not include_background:
-            preds, target = _utils._ignore_background(preds, target)
-        return preds, target
+        return _checked_dimensions_without_background(preds, target, include_background)
+
+
+def _checked_dimensions_without_background(
+    preds: Tensor, target: Tensor, include_background: bool
+) -> tuple[Tensor, Tensor]:
+    """The end of stock's formatting on every release: the dimension check, then the background class dropped."""
+    if preds.ndim < 3:
+        raise ValueError(f"Expected both `preds` and `target` to have at least 3 dimensions, but got {preds.ndim}.")
+    if not include_background:
+        preds, target = _utils._ignore_background(preds, target)
+    return preds, target
 
 
 def _format_inputs(
@@ -149,11 +156,7 @@ def _format_inputs(
     _check_same_shape(preds, target)  # 1.6/1.7: inside ``_generalized_dice_update``
     if input_format == "index":
         preds, target = _one_hot(preds, num_classes, flags), _one_hot(target, num_classes, flags)
-    if preds.ndim < 3:
-        raise ValueError(f"Expected both `preds` and `target` to have at least 3 dimensions, but got {preds.ndim}.")
-    if not include_background:
-        preds, target = _utils._ignore_background(preds, target)
-    return preds, target
+    return _checked_dimensions_without_background(preds, target, include_background)
 
 
 def _weights_without_infs(weights: Tensor) -> Tensor:
