@@ -195,3 +195,26 @@ def test_fully_ignored_crammer_singer_batch_adds_nothing(path: str) -> None:
         metric.update(preds, target)
         torch.testing.assert_close(metric.compute(), reference.compute(), rtol=0, atol=0)
         assert int(metric.total) == good_target.numel()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", ["crammer-singer", "one-vs-all"])
+@pytest.mark.parametrize(("ignore_index", "bad"), [(None, NUM_CLASSES), (-1, -2)])
+def test_target_outside_the_classes_gets_the_validation_error(
+    path: str, mode: str, ignore_index: Any, bad: int
+) -> None:
+    """With ``validate_args`` a multiclass target outside the classes gets the validation's error: on CPU at once,
+    naming the values (the patched validation leaves the read to stock's one-hot, whose bounds check fails first: its
+    error is replaced), on the device path the deferred report; the batch is left out of the state on both paths."""
+    preds, target = torch.randn(4, NUM_CLASSES), torch.tensor([0, 1, bad, 2])
+    message = rf"Detected the following values in `target`: .*{bad}" if path == "cpu" else "not valid for this metric"
+    good_preds, good_target = _batches("multiclass", ignore_index, seed=9)[0]
+    with torchmetrics_syncfree.patched():
+        metric = _make("multiclass", {"multiclass_mode": mode}, ignore_index)
+        with SyncProbe() if path == "device" else contextlib.nullcontext():
+            metric.update(good_preds, good_target)
+            before = copy.deepcopy(metric.metric_state)
+            with pytest.raises(RuntimeError, match=message):
+                metric.update(preds, target)
+        for name, value in before.items():
+            torch.testing.assert_close(getattr(metric, name), value, rtol=0, atol=0)

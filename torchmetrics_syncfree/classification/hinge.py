@@ -50,7 +50,13 @@ from torchmetrics_syncfree.classification.confusion_matrix import (
     _multiclass_confusion_matrix_tensor_validation,
     _probabilities,
 )
-from torchmetrics_syncfree.classification.stat_scores import _checked_init, _stock, _without_invalid
+from torchmetrics_syncfree.classification.stat_scores import (
+    _all_classes,
+    _checked_init,
+    _raise_not_a_class,
+    _stock,
+    _without_invalid,
+)
 
 _FUNCTIONAL = "torchmetrics.functional.classification.hinge"
 _MODULE = "torchmetrics.classification.hinge"
@@ -129,14 +135,23 @@ def _multiclass_hinge_measures(
     ``labels_checked``: the update's validation has read the targets (CPU), so none is outside the classes.
     """
     if _deferred.reads_are_free(preds):  # stock's boolean masks cost nothing here, and its sums are stock's
-        preds, target = _multiclass_confusion_matrix_format(preds, target, ignore_index, convert_to_labels=False)
+        kept_preds, kept_target = _multiclass_confusion_matrix_format(
+            preds, target, ignore_index, convert_to_labels=False
+        )
         if not labels_checked:
-            is_class = (target >= 0) & (target < max(2, preds.shape[1]))  # stock's one-hot fails on anything else
+            is_class = (kept_target >= 0) & (kept_target < max(2, preds.shape[1]))  # stock's one-hot fails otherwise
             if not bool(is_class.all()):
-                preds, target = preds[is_class], target[is_class]
-        if mode == "crammer-singer" and target.numel() == 0:  # stock's ``view(0, -1)`` fails: nothing to add
-            return preds.new_zeros(()), 0
-        return _multiclass_hinge_loss_update(preds, target, squared, mode)
+                kept_preds, kept_target = kept_preds[is_class], kept_target[is_class]
+        if mode == "crammer-singer" and kept_target.numel() == 0:  # stock's ``view(0, -1)`` fails: nothing to add
+            return kept_preds.new_zeros(()), 0
+        try:
+            return _multiclass_hinge_loss_update(kept_preds, kept_target, squared, mode)
+        except RuntimeError:
+            # validation left the targets to the one-hot's bounds check (``_counting_checks_target``): a target
+            # outside the classes fails there, and gets the validation's error
+            if labels_checked and not _all_classes(target, preds.shape[1], ignore_index):
+                _raise_not_a_class(preds, target, preds.shape[1], ignore_index)
+            raise
     preds = torch.movedim(preds, 1, -1).reshape(-1, preds.shape[1])
     target = target.flatten()
     classes = max(2, preds.shape[1])  # stock's one-hot width

@@ -77,7 +77,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassStatScores
+from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassHingeLoss, MulticlassStatScores
 from torchmetrics.functional.classification.stat_scores import (
     _binary_stat_scores_update,
     _multiclass_stat_scores_format,
@@ -289,11 +289,18 @@ def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: in
     runs ``torch.bincount(target * C + preds)`` with class-valued ``preds``: a negative target makes it fail and a
     target ``>= C`` makes it longer than ``C**2`` (see :func:`_checked_bincount`), so validation leaves ``target`` to
     it. Upstream's mesh counting (deterministic mode, XLA) would drop such entries silently: not there.
+
+    ``MulticlassHingeLoss`` counts on CPU with stock's one-hot of the targets that are not ignored: a bounds-checked
+    ``scatter_`` that fails on any target outside the classes, which its update turns into the validation's error
+    (see ``classification/hinge.py``). Stock's own validation never reads the targets of float ``preds``, so reading
+    them here would be all the patched update's extra host time.
     """
+    if isinstance(metric, MulticlassHingeLoss):
+        return True
     return (
         ignore_index is None
         and multidim_average == "global"
-        # only these count with the checked bincount; other metrics validating this way (HingeLoss) do not
+        # only these count with the checked bincount
         and isinstance(metric, (MulticlassStatScores, MulticlassConfusionMatrix))
         and getattr(metric, "top_k", 1) == 1  # a confusion-matrix metric has neither: it always counts this way
         and getattr(metric, "average", None) != "micro"
