@@ -97,6 +97,7 @@ CURVE_COMPUTE_TESTS = (
 REGRESSION_TESTS = {
     "src/torchmetrics/regression/r2.py": ("unittests/regression/test_r2.py",),
     "src/torchmetrics/regression/explained_variance.py": ("unittests/regression/test_explained_variance.py",),
+    "src/torchmetrics/regression/pearson.py": ("unittests/regression/test_pearson.py",),
 }
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
@@ -182,6 +183,7 @@ FULL_STATE_FORWARD_PROJECT_TESTS = ("tests/test_pearson.py",)
 #: regression area and the DDP world (its ranks install tree mode themselves)
 REGRESSION_SHARED_PROJECT_TESTS = ("tests/test_regression_fuzz.py", "tests/test_regression_ddp.py")
 R2_PROJECT_TESTS = ("tests/test_r2_explained_variance.py", *REGRESSION_SHARED_PROJECT_TESTS)
+PEARSON_PROJECT_TESTS = ("tests/test_pearson.py", *REGRESSION_SHARED_PROJECT_TESTS)
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
 HINGE_PROJECT_TESTS = ("tests/test_hinge.py",)
@@ -212,6 +214,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     + CURVE_COMPUTE_PROJECT_TESTS,
     "src/torchmetrics/regression/r2.py": R2_PROJECT_TESTS,
     "src/torchmetrics/regression/explained_variance.py": R2_PROJECT_TESTS,
+    "src/torchmetrics/regression/pearson.py": PEARSON_PROJECT_TESTS,
 }
 
 
