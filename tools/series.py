@@ -98,6 +98,8 @@ REGRESSION_TESTS = {
     "src/torchmetrics/regression/r2.py": ("unittests/regression/test_r2.py",),
     "src/torchmetrics/regression/explained_variance.py": ("unittests/regression/test_explained_variance.py",),
     "src/torchmetrics/regression/pearson.py": ("unittests/regression/test_pearson.py",),
+    "src/torchmetrics/functional/regression/kl_divergence.py": ("unittests/regression/test_kl_divergence.py",),
+    "src/torchmetrics/regression/spearman.py": ("unittests/regression/test_spearman.py",),
 }
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
@@ -184,6 +186,7 @@ FULL_STATE_FORWARD_PROJECT_TESTS = ("tests/test_pearson.py",)
 REGRESSION_SHARED_PROJECT_TESTS = ("tests/test_regression_fuzz.py", "tests/test_regression_ddp.py")
 R2_PROJECT_TESTS = ("tests/test_r2_explained_variance.py", *REGRESSION_SHARED_PROJECT_TESTS)
 PEARSON_PROJECT_TESTS = ("tests/test_pearson.py", *REGRESSION_SHARED_PROJECT_TESTS)
+KL_SPEARMAN_PROJECT_TESTS = ("tests/test_kl_divergence_spearman.py", *REGRESSION_SHARED_PROJECT_TESTS)
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
 HINGE_PROJECT_TESTS = ("tests/test_hinge.py",)
@@ -215,6 +218,8 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/regression/r2.py": R2_PROJECT_TESTS,
     "src/torchmetrics/regression/explained_variance.py": R2_PROJECT_TESTS,
     "src/torchmetrics/regression/pearson.py": PEARSON_PROJECT_TESTS,
+    "src/torchmetrics/functional/regression/kl_divergence.py": KL_SPEARMAN_PROJECT_TESTS,
+    "src/torchmetrics/regression/spearman.py": KL_SPEARMAN_PROJECT_TESTS,
 }
 
 
