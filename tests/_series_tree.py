@@ -208,11 +208,6 @@ def _simulate_device(deferred: ModuleType) -> None:
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
 AREAS_WITHOUT_PATCHES: dict[str, str] = {
-    "r2": "new in the layer (issue 11); its upstream patch is a later step",
-    "explained_variance": "new in the layer (issue 11); its upstream patch is a later step",
-    "pearson": "new in the layer (issue 11); its upstream patch is a later step",
-    "kl_divergence": "new in the layer (issue 11); its upstream patch is a later step",
-    "spearman": "new in the layer (issue 11); its upstream patch is a later step",
     "minmax": "new in the layer (issue 11); its upstream patch is a later step",
     "psnr": "new in the layer (issue 11); its upstream patch is a later step",
     "perplexity": "new in the layer (issue 11); its upstream patch is a later step",
@@ -227,6 +222,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
 LAYER_ONLY_TARGETS: dict[str, str] = {
     "torchmetrics.utilities.compute._safe_divide": "1.6-1.8 copy `zero_division` host-to-device; master and 1.9 use"
     ' `torch.full`, and no stat-score metric passes "warn"',
+    "torchmetrics.regression.pearson.PearsonCorrCoef.update": "1.6 and 1.7.1 read the prior count in the update"
+    " (`num_prior.mean() > 0`); master and 1.9 (1.7.4+) update without reads",
 }
 
 

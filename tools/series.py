@@ -92,6 +92,15 @@ CURVE_COMPUTE_TESTS = (
     "unittests/classification/test_average_precision.py",
     "unittests/classification/test_logauc.py",
 )
+#: the regression metrics' sources (the series changes their classes' methods and, for KLDivergence, the functional
+#: update) and each one's upstream suite
+REGRESSION_TESTS = {
+    "src/torchmetrics/regression/r2.py": ("unittests/regression/test_r2.py",),
+    "src/torchmetrics/regression/explained_variance.py": ("unittests/regression/test_explained_variance.py",),
+    "src/torchmetrics/regression/pearson.py": ("unittests/regression/test_pearson.py",),
+    "src/torchmetrics/functional/regression/kl_divergence.py": ("unittests/regression/test_kl_divergence.py",),
+    "src/torchmetrics/regression/spearman.py": ("unittests/regression/test_spearman.py",),
+}
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -106,6 +115,7 @@ TESTS_FOR_SOURCE = {
         PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
         True,
     ),
+    **{path: (tests, True) for path, tests in REGRESSION_TESTS.items()},
     "src/torchmetrics/metric.py": (
         (
             "unittests/bases/test_metric.py",
@@ -168,6 +178,15 @@ DEFERRED_PROJECT_TESTS = (
     "tests/test_deferred_ddp.py",
     "tests/test_compile.py",
 )
+#: the compute warnings of a full-state metric's batch value in forward (PearsonCorrCoef: the full-state metric whose
+#: compute files them; its device-path warning test fails when forward drops them)
+FULL_STATE_FORWARD_PROJECT_TESTS = ("tests/test_pearson.py",)
+#: the regression metrics' suites: values and warnings against stock on both paths, the hypothesis fuzz of every
+#: regression area and the DDP world (its ranks install tree mode themselves)
+REGRESSION_SHARED_PROJECT_TESTS = ("tests/test_regression_fuzz.py", "tests/test_regression_ddp.py")
+R2_PROJECT_TESTS = ("tests/test_r2_explained_variance.py", *REGRESSION_SHARED_PROJECT_TESTS)
+PEARSON_PROJECT_TESTS = ("tests/test_pearson.py", *REGRESSION_SHARED_PROJECT_TESTS)
+KL_SPEARMAN_PROJECT_TESTS = ("tests/test_kl_divergence_spearman.py", *REGRESSION_SHARED_PROJECT_TESTS)
 CLASSIFICATION_PROJECT_TESTS = ("tests/test_classification_parity.py", "tests/test_classification_syncs.py")
 CONFUSION_MATRIX_PROJECT_TESTS = ("tests/test_confusion_matrix.py",)
 HINGE_PROJECT_TESTS = ("tests/test_hinge.py",)
@@ -181,7 +200,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     + CLASSIFICATION_PROJECT_TESTS
     + DEFERRED_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
-    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS,
+    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS + FULL_STATE_FORWARD_PROJECT_TESTS,
     "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS
     + CONFUSION_MATRIX_PROJECT_TESTS,
@@ -196,6 +215,11 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(CURVE_COMPUTE_SOURCES, CURVE_COMPUTE_PROJECT_TESTS + PR_CURVE_PROJECT_TESTS),
     "src/torchmetrics/functional/classification/precision_recall_curve.py": PR_CURVE_PROJECT_TESTS
     + CURVE_COMPUTE_PROJECT_TESTS,
+    "src/torchmetrics/regression/r2.py": R2_PROJECT_TESTS,
+    "src/torchmetrics/regression/explained_variance.py": R2_PROJECT_TESTS,
+    "src/torchmetrics/regression/pearson.py": PEARSON_PROJECT_TESTS,
+    "src/torchmetrics/functional/regression/kl_divergence.py": KL_SPEARMAN_PROJECT_TESTS,
+    "src/torchmetrics/regression/spearman.py": KL_SPEARMAN_PROJECT_TESTS,
 }
 
 
