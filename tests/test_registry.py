@@ -191,11 +191,11 @@ def test_failure_while_installing_rolls_back(monkeypatch):
     real_install = _registry._install
     calls = []
 
-    def failing_install(spec, original):
+    def failing_install(spec, original, bindings=None):
         calls.append(spec.target)
         if len(calls) == 3:
             raise OSError("simulated failure while installing")
-        real_install(spec, original)
+        real_install(spec, original, bindings)
 
     monkeypatch.setattr(_registry, "_install", failing_install)
     before = _class_attributes()
