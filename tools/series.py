@@ -92,6 +92,9 @@ CURVE_COMPUTE_TESTS = (
     "unittests/classification/test_average_precision.py",
     "unittests/classification/test_logauc.py",
 )
+#: MinMaxMetric's source and suite (its wrapper suite is also in the metric's list below)
+MINMAX_SOURCES = ("src/torchmetrics/wrappers/minmax.py",)
+MINMAX_TESTS = ("unittests/wrappers/test_minmax.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -102,6 +105,7 @@ TESTS_FOR_SOURCE = {
     **{path: (EXACT_MATCH_TESTS, True) for path in EXACT_MATCH_SOURCES},
     **{path: (PR_CURVE_TESTS, True) for path in PR_CURVE_SOURCES},
     **{path: (CURVE_COMPUTE_TESTS, True) for path in CURVE_COMPUTE_SOURCES},
+    **{path: (MINMAX_TESTS, True) for path in MINMAX_SOURCES},
     "src/torchmetrics/functional/classification/precision_recall_curve.py": (
         PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
         True,
@@ -175,6 +179,7 @@ EXACT_MATCH_PROJECT_TESTS = ("tests/test_exact_match.py",)
 #: the PR-curve family's update (and the states every member's compute starts from), and its computes
 PR_CURVE_PROJECT_TESTS = ("tests/test_precision_recall_curve.py",)
 CURVE_COMPUTE_PROJECT_TESTS = ("tests/test_curve_computes.py",)
+MINMAX_PROJECT_TESTS = ("tests/test_minmax.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -196,6 +201,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(CURVE_COMPUTE_SOURCES, CURVE_COMPUTE_PROJECT_TESTS + PR_CURVE_PROJECT_TESTS),
     "src/torchmetrics/functional/classification/precision_recall_curve.py": PR_CURVE_PROJECT_TESTS
     + CURVE_COMPUTE_PROJECT_TESTS,
+    **dict.fromkeys(MINMAX_SOURCES, MINMAX_PROJECT_TESTS),
 }
 
 
