@@ -214,7 +214,6 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "kl_divergence": "new in the layer (issue 11); its upstream patch is a later step",
     "spearman": "new in the layer (issue 11); its upstream patch is a later step",
     "psnr": "new in the layer (issue 11); its upstream patch is a later step",
-    "perplexity": "new in the layer (issue 11); its upstream patch is a later step",
     "generalized_dice": "new in the layer (issue 11); its upstream patch is a later step",
     "retrieval": "new in the layer (issue 11); its upstream patch is a later step",
     "retrieval_fall_out": "new in the layer (issue 11); its upstream patch is a later step",

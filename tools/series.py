@@ -95,6 +95,9 @@ CURVE_COMPUTE_TESTS = (
 #: MinMaxMetric's source and suite (its wrapper suite is also in the metric's list below)
 MINMAX_SOURCES = ("src/torchmetrics/wrappers/minmax.py",)
 MINMAX_TESTS = ("unittests/wrappers/test_minmax.py",)
+#: Perplexity's statistics (the functional update, which the class's update calls) and its suite
+PERPLEXITY_SOURCES = ("src/torchmetrics/functional/text/perplexity.py",)
+PERPLEXITY_TESTS = ("unittests/text/test_perplexity.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -106,6 +109,7 @@ TESTS_FOR_SOURCE = {
     **{path: (PR_CURVE_TESTS, True) for path in PR_CURVE_SOURCES},
     **{path: (CURVE_COMPUTE_TESTS, True) for path in CURVE_COMPUTE_SOURCES},
     **{path: (MINMAX_TESTS, True) for path in MINMAX_SOURCES},
+    **{path: (PERPLEXITY_TESTS, True) for path in PERPLEXITY_SOURCES},
     "src/torchmetrics/functional/classification/precision_recall_curve.py": (
         PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
         True,
@@ -180,6 +184,7 @@ EXACT_MATCH_PROJECT_TESTS = ("tests/test_exact_match.py",)
 PR_CURVE_PROJECT_TESTS = ("tests/test_precision_recall_curve.py",)
 CURVE_COMPUTE_PROJECT_TESTS = ("tests/test_curve_computes.py",)
 MINMAX_PROJECT_TESTS = ("tests/test_minmax.py",)
+PERPLEXITY_PROJECT_TESTS = ("tests/test_perplexity.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -202,6 +207,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/functional/classification/precision_recall_curve.py": PR_CURVE_PROJECT_TESTS
     + CURVE_COMPUTE_PROJECT_TESTS,
     **dict.fromkeys(MINMAX_SOURCES, MINMAX_PROJECT_TESTS),
+    **dict.fromkeys(PERPLEXITY_SOURCES, PERPLEXITY_PROJECT_TESTS),
 }
 
 
