@@ -213,7 +213,6 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "pearson": "new in the layer (issue 11); its upstream patch is a later step",
     "kl_divergence": "new in the layer (issue 11); its upstream patch is a later step",
     "spearman": "new in the layer (issue 11); its upstream patch is a later step",
-    "generalized_dice": "new in the layer (issue 11); its upstream patch is a later step",
     "retrieval": "new in the layer (issue 11); its upstream patch is a later step",
     "retrieval_fall_out": "new in the layer (issue 11); its upstream patch is a later step",
 }

@@ -103,6 +103,14 @@ PERPLEXITY_TESTS = ("unittests/text/test_perplexity.py",)
 #: scikit-image)
 PSNR_SOURCES = ("src/torchmetrics/functional/image/psnr.py",)
 PSNR_TESTS = ("unittests/image/test_psnr.py",)
+#: GeneralizedDiceScore (its update, the functional update and the segmentation formatting its update calls with
+#: ``flags``; other callers of the formatting pass none) and its suite (needs monai)
+GENERALIZED_DICE_SOURCES = (
+    "src/torchmetrics/segmentation/generalized_dice.py",
+    "src/torchmetrics/functional/segmentation/generalized_dice.py",
+    "src/torchmetrics/functional/segmentation/utils.py",
+)
+GENERALIZED_DICE_TESTS = ("unittests/segmentation/test_generalized_dice_score.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -116,6 +124,7 @@ TESTS_FOR_SOURCE = {
     **{path: (MINMAX_TESTS, True) for path in MINMAX_SOURCES},
     **{path: (PERPLEXITY_TESTS, True) for path in PERPLEXITY_SOURCES},
     **{path: (PSNR_TESTS, True) for path in PSNR_SOURCES},
+    **{path: (GENERALIZED_DICE_TESTS, True) for path in GENERALIZED_DICE_SOURCES},
     "src/torchmetrics/functional/classification/precision_recall_curve.py": (
         PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
         True,
@@ -157,7 +166,10 @@ BASELINE_PACKAGES = (
 #: upstream suites that import a package which upstream's test requirements bring and the project's environments do
 #: not install (suite -> module): left out, with a note, where the module is missing (they pass with it, see
 #: docs/other-metrics.md)
-OPTIONAL_PACKAGE_TESTS = {"unittests/image/test_psnr.py": "skimage"}
+OPTIONAL_PACKAGE_TESTS = {
+    "unittests/image/test_psnr.py": "skimage",
+    "unittests/segmentation/test_generalized_dice_score.py": "monai",
+}
 #: need matplotlib and the optional extras of every metric domain (plots), or the image extras (torch-fidelity, for
 #: FeatureShare's feature extractors); the series touches neither plotting nor feature extraction
 IGNORED_TESTS = ("unittests/utilities/test_plot.py", "unittests/wrappers/test_feature_share.py")
@@ -196,6 +208,7 @@ CURVE_COMPUTE_PROJECT_TESTS = ("tests/test_curve_computes.py",)
 MINMAX_PROJECT_TESTS = ("tests/test_minmax.py",)
 PERPLEXITY_PROJECT_TESTS = ("tests/test_perplexity.py",)
 PSNR_PROJECT_TESTS = ("tests/test_psnr.py",)
+GENERALIZED_DICE_PROJECT_TESTS = ("tests/test_generalized_dice.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -220,6 +233,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(MINMAX_SOURCES, MINMAX_PROJECT_TESTS),
     **dict.fromkeys(PERPLEXITY_SOURCES, PERPLEXITY_PROJECT_TESTS),
     **dict.fromkeys(PSNR_SOURCES, PSNR_PROJECT_TESTS),
+    **dict.fromkeys(GENERALIZED_DICE_SOURCES, GENERALIZED_DICE_PROJECT_TESTS),
 }
 
 
