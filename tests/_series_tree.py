@@ -208,10 +208,6 @@ def _simulate_device(deferred: ModuleType) -> None:
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
 AREAS_WITHOUT_PATCHES: dict[str, str] = {
-    "minmax": "new in the layer (issue 11); its upstream patch is a later step",
-    "psnr": "new in the layer (issue 11); its upstream patch is a later step",
-    "perplexity": "new in the layer (issue 11); its upstream patch is a later step",
-    "generalized_dice": "new in the layer (issue 11); its upstream patch is a later step",
     "retrieval": "new in the layer (issue 11); its upstream patch is a later step",
     "retrieval_fall_out": "new in the layer (issue 11); its upstream patch is a later step",
 }
