@@ -22,6 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, M
 
 import torchmetrics_syncfree
 from tests._aggregation_cases import STRATEGIES
+from tests._probing import graph_breaks
 from tests.conftest import cuda
 from torchmetrics_syncfree.audit import build_metric, catalogue, make_inputs, parse_spec
 
@@ -38,7 +39,7 @@ def _fresh_dynamo() -> Any:
 
 def _break_reasons(metric: Any, args: tuple, kwargs: dict) -> list[str]:
     explanation = torch._dynamo.explain(lambda *a, **k: metric.update(*a, **k))(*args, **kwargs)
-    return [str(reason.reason).split("\n")[0] for reason in explanation.break_reasons]
+    return graph_breaks(explanation)
 
 
 PATCHED_CONFIGS = [

@@ -146,13 +146,21 @@ def _binary_precision_recall_curve_tensor_validation(
     preds: Tensor, target: Tensor, ignore_index: int | None = None, metric: Any = None
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
-    stock = _stock(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation")
     if metric is None:
-        return stock(preds, target, ignore_index)
+        return _stock_binary_validation(preds, target, ignore_index)
     _check_same_shape(preds, target)
     _check_scores_and_labels(preds, target)
     flag = _outside(target, (0, 1), ignore_index).any()
-    return _file_invalid(metric, flag, functools.partial(stock, preds, target, ignore_index))
+    return _file_invalid(metric, flag, functools.partial(_stock_binary_validation, preds, target, ignore_index))
+
+
+def _stock_binary_validation(preds: Tensor, target: Tensor, ignore_index: int | None) -> None:
+    """Stock's binary validation, looked up when it runs, which is eagerly only.
+
+    The lookup imports, which Dynamo refuses to trace: an update that looked it up first broke the graph of every
+    binary and multilabel curve update.
+    """
+    _stock(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation")(preds, target, ignore_index)
 
 
 @replaces(

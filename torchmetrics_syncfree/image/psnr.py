@@ -69,8 +69,9 @@ def _psnr_update(preds: Tensor, target: Tensor, dim: int | tuple[int, ...] | Non
     dim_list = [dim] if isinstance(dim, int) else list(dim)
     if not dim_list:
         return sum_squared_error, _count(target, target.numel())
-    # stock indexes ``tensor(target.size())`` with the dims: negative dims count from the end there too
-    num_obs = _count(target, math.prod(target.shape[d] for d in dim_list))
+    # stock indexes ``tensor(target.size())`` with the dims: negative dims count from the end there too; a list, as
+    # torch.compile cannot trace ``math.prod`` of a generator (fullgraph fails)
+    num_obs = _count(target, math.prod([target.shape[d] for d in dim_list]))
     return sum_squared_error, num_obs.expand_as(sum_squared_error)
 
 
