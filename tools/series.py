@@ -158,7 +158,15 @@ HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if h
 #: add ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
 #: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series), and
 #: the hinge-loss and exact-match suites (whose tree-mode project suites run in CI as well)
-HEAVY_SUBSET = ("unittests/classification/test_accuracy.py", "unittests/classification/test_stat_scores.py")
+#: The issue-11 suites of regression, MinMaxMetric and Perplexity are quick (~40 s on 2 cores, DDP part included):
+#: CI runs them all; PSNR's and GeneralizedDiceScore's need scikit-image and monai (``OPTIONAL_PACKAGE_TESTS``).
+HEAVY_SUBSET = (
+    "unittests/classification/test_accuracy.py",
+    "unittests/classification/test_stat_scores.py",
+    *(tests[0] for tests in REGRESSION_TESTS.values()),
+    *MINMAX_TESTS,
+    *PERPLEXITY_TESTS,
+)
 #: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
 BASELINE_PACKAGES = (
     "torch",
