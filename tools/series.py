@@ -92,6 +92,14 @@ CURVE_COMPUTE_TESTS = (
     "unittests/classification/test_average_precision.py",
     "unittests/classification/test_logauc.py",
 )
+#: the retrieval metrics' update and compute (every ``RetrievalMetric``; RetrievalPrecisionRecallCurve and
+#: RetrievalRecallAtFixedPrecision have their own and are not changed) and fall-out's own compute; their suites
+RETRIEVAL_SOURCES = ("src/torchmetrics/retrieval/base.py", "src/torchmetrics/retrieval/fall_out.py")
+RETRIEVAL_TESTS = tuple(
+    f"unittests/retrieval/test_{name}.py"
+    for name in ("mrr", "hit_rate", "precision", "recall", "map", "ndcg", "r_precision", "fallout", "auroc")
+)
+FALL_OUT_TESTS = ("unittests/retrieval/test_fallout.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -102,6 +110,8 @@ TESTS_FOR_SOURCE = {
     **{path: (EXACT_MATCH_TESTS, True) for path in EXACT_MATCH_SOURCES},
     **{path: (PR_CURVE_TESTS, True) for path in PR_CURVE_SOURCES},
     **{path: (CURVE_COMPUTE_TESTS, True) for path in CURVE_COMPUTE_SOURCES},
+    "src/torchmetrics/retrieval/base.py": (RETRIEVAL_TESTS, True),
+    "src/torchmetrics/retrieval/fall_out.py": (FALL_OUT_TESTS, True),
     "src/torchmetrics/functional/classification/precision_recall_curve.py": (
         PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
         True,
@@ -175,6 +185,7 @@ EXACT_MATCH_PROJECT_TESTS = ("tests/test_exact_match.py",)
 #: the PR-curve family's update (and the states every member's compute starts from), and its computes
 PR_CURVE_PROJECT_TESTS = ("tests/test_precision_recall_curve.py",)
 CURVE_COMPUTE_PROJECT_TESTS = ("tests/test_curve_computes.py",)
+RETRIEVAL_PROJECT_TESTS = ("tests/test_retrieval.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -196,6 +207,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(CURVE_COMPUTE_SOURCES, CURVE_COMPUTE_PROJECT_TESTS + PR_CURVE_PROJECT_TESTS),
     "src/torchmetrics/functional/classification/precision_recall_curve.py": PR_CURVE_PROJECT_TESTS
     + CURVE_COMPUTE_PROJECT_TESTS,
+    **dict.fromkeys(RETRIEVAL_SOURCES, RETRIEVAL_PROJECT_TESTS),
 }
 
 
