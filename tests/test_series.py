@@ -111,6 +111,8 @@ def test_drift_compares_code_not_docstrings():
     assert _series_tree.changed_functions(stock, changed) == {"f"}  # new module-level helpers are not targets
     assert _series_tree.changed_functions(stock, removed) == {"f"}
     assert _series_tree.changed_functions(removed, removed + "    def h(self):\n        pass\n") == {"A.h"}
+    helper_class = "class _Helper:\n    def h(self):\n        pass\n"
+    assert _series_tree.changed_functions(removed, removed + helper_class) == set()  # a new class is a helper
 
 
 @needs_snapshots

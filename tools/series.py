@@ -120,6 +120,14 @@ GENERALIZED_DICE_SOURCES = (
     "src/torchmetrics/functional/segmentation/utils.py",
 )
 GENERALIZED_DICE_TESTS = ("unittests/segmentation/test_generalized_dice_score.py",)
+#: the retrieval metrics' update and compute (every ``RetrievalMetric``; RetrievalPrecisionRecallCurve and
+#: RetrievalRecallAtFixedPrecision have their own and are not changed) and fall-out's own compute; their suites
+RETRIEVAL_SOURCES = ("src/torchmetrics/retrieval/base.py", "src/torchmetrics/retrieval/fall_out.py")
+RETRIEVAL_TESTS = tuple(
+    f"unittests/retrieval/test_{name}.py"
+    for name in ("mrr", "hit_rate", "precision", "recall", "map", "ndcg", "r_precision", "fallout", "auroc")
+)
+FALL_OUT_TESTS = ("unittests/retrieval/test_fallout.py",)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -134,6 +142,8 @@ TESTS_FOR_SOURCE = {
     **{path: (PERPLEXITY_TESTS, True) for path in PERPLEXITY_SOURCES},
     **{path: (PSNR_TESTS, True) for path in PSNR_SOURCES},
     **{path: (GENERALIZED_DICE_TESTS, True) for path in GENERALIZED_DICE_SOURCES},
+    "src/torchmetrics/retrieval/base.py": (RETRIEVAL_TESTS, True),
+    "src/torchmetrics/retrieval/fall_out.py": (FALL_OUT_TESTS, True),
     "src/torchmetrics/functional/classification/precision_recall_curve.py": (
         PR_CURVE_TESTS + CURVE_COMPUTE_TESTS,
         True,
@@ -236,6 +246,7 @@ MINMAX_PROJECT_TESTS = ("tests/test_minmax.py",)
 PERPLEXITY_PROJECT_TESTS = ("tests/test_perplexity.py",)
 PSNR_PROJECT_TESTS = ("tests/test_psnr.py",)
 GENERALIZED_DICE_PROJECT_TESTS = ("tests/test_generalized_dice.py",)
+RETRIEVAL_PROJECT_TESTS = ("tests/test_retrieval.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -266,6 +277,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(PERPLEXITY_SOURCES, PERPLEXITY_PROJECT_TESTS),
     **dict.fromkeys(PSNR_SOURCES, PSNR_PROJECT_TESTS),
     **dict.fromkeys(GENERALIZED_DICE_SOURCES, GENERALIZED_DICE_PROJECT_TESTS),
+    **dict.fromkeys(RETRIEVAL_SOURCES, RETRIEVAL_PROJECT_TESTS),
 }
 
 
