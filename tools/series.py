@@ -170,12 +170,15 @@ HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if h
 #: the hinge-loss and exact-match suites (whose tree-mode project suites run in CI as well)
 #: The issue-11 suites of regression, MinMaxMetric and Perplexity are quick (~40 s on 2 cores, DDP part included):
 #: CI runs them all; PSNR's and GeneralizedDiceScore's need scikit-image and monai (``OPTIONAL_PACKAGE_TESTS``).
+#: Of the nine retrieval suites (~20 min with -n 1) CI runs R-precision's (every ``RetrievalMetric`` update and the
+#: shared compute, ~25 s with -n 1), and the series' own tests/unittests/retrieval/test_base.py as a touched file.
 HEAVY_SUBSET = (
     "unittests/classification/test_accuracy.py",
     "unittests/classification/test_stat_scores.py",
     *(tests[0] for tests in REGRESSION_TESTS.values()),
     *MINMAX_TESTS,
     *PERPLEXITY_TESTS,
+    "unittests/retrieval/test_r_precision.py",
 )
 #: distributions whose versions a recorded baseline names: what upstream's tests import besides the tree itself
 BASELINE_PACKAGES = (
