@@ -190,6 +190,8 @@ def _simulate_device(deferred: ModuleType) -> None:
             return take(self, counters)
 
     def waiting_take_pending(metric: Any) -> Any:
+        if deferred._quiet_time(metric):  # tracing or inside forward: the tree's take_pending reads nothing, and the
+            return take_pending(metric)  # account below would guard on the counters' version while tracing
         # the layer's account of counters known to be zero decides, as in the layer, whether the read is a wait
         counters = metric.__dict__.get(deferred.STATE)
         read = counters is not None and bool(deferred.kinds_of(metric)) and not layer._surely_zero(counters)
