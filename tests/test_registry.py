@@ -191,7 +191,7 @@ def test_failure_while_installing_rolls_back(monkeypatch):
     real_install = _registry._install
     calls = []
 
-    def failing_install(spec, original, bindings=None):
+    def failing_install(spec, original, bindings):
         calls.append(spec.target)
         if len(calls) == 3:
             raise OSError("simulated failure while installing")

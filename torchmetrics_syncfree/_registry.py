@@ -360,8 +360,8 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def _install(spec: PatchSpec, original: Any, bindings: _Bindings | None = None) -> None:
-    """Install ``spec`` in place of ``original``; ``bindings``: :func:`_module_bindings` of the originals, if known."""
+def _install(spec: PatchSpec, original: Any, bindings: _Bindings) -> None:
+    """Install ``spec`` in place of ``original``; ``bindings``: :func:`_module_bindings` of the originals."""
     owner, name = _resolve(spec.target)
     spec.original = original
     spec.installed_at = []
@@ -378,7 +378,7 @@ def _install(spec: PatchSpec, original: Any, bindings: _Bindings | None = None) 
     else:
         places = [(owner, name)]
         if spec.everywhere:
-            found = (bindings if bindings is not None else _module_bindings([original])).get(id(original), [])
+            found = bindings.get(id(original), [])
             places += [(module, attr) for module, attr in found if module is not owner]
         new_value = spec.replacement
     for namespace, attr in places:
@@ -424,7 +424,7 @@ def _present_as_itself(spec: PatchSpec) -> None:
             setattr(replacement, attr, value)
 
 
-def _copies_made_by_later_imports(spec: PatchSpec, bindings: _Bindings | None = None) -> list[tuple[Any, str, Any]]:
+def _copies_made_by_later_imports(spec: PatchSpec, bindings: _Bindings) -> list[tuple[Any, str, Any]]:
     """Places outside :attr:`PatchSpec.installed_at` that hold the installed replacement of an ``everywhere`` spec.
 
     A TorchMetrics module first imported while patched runs ``from torchmetrics.utilities.compute import
@@ -433,12 +433,12 @@ def _copies_made_by_later_imports(spec: PatchSpec, bindings: _Bindings | None = 
     imported while TorchMetrics was stock.
     """
     recorded = {(id(namespace), attr) for namespace, attr, _ in spec.installed_at}
-    found = (bindings if bindings is not None else _module_bindings([spec.installed])).get(id(spec.installed), [])
+    found = bindings.get(id(spec.installed), [])
     return [(module, attr, spec.original) for module, attr in found if (id(module), attr) not in recorded]
 
 
-def _uninstall(spec: PatchSpec, bindings: _Bindings | None = None) -> None:
-    """Restore what ``spec`` replaced; ``bindings``: :func:`_module_bindings` of the installed objects, if known."""
+def _uninstall(spec: PatchSpec, bindings: _Bindings) -> None:
+    """Restore what ``spec`` replaced; ``bindings``: :func:`_module_bindings` of the installed objects."""
     if spec.everywhere:
         spec.installed_at += _copies_made_by_later_imports(spec, bindings)
     for namespace, attr, previous in reversed(spec.installed_at):

@@ -132,7 +132,8 @@ def _multiclass_hinge_measures(
     """Stock's ``_multiclass_confusion_matrix_format`` + ``_multiclass_hinge_loss_update``, fixed shapes off the CPU.
 
     Only the entries that are neither ignored nor outside the classes count (see the module docstring);
-    ``labels_checked``: the update's validation has read the targets (CPU), so none is outside the classes.
+    ``labels_checked``: the update validates, so a target outside the classes is an error: on CPU the validation
+    left it to stock's one-hot, whose failure is turned into the validation's error here.
     """
     if _deferred.reads_are_free(preds):  # stock's boolean masks cost nothing here, and its sums are stock's
         kept_preds, kept_target = _multiclass_confusion_matrix_format(
