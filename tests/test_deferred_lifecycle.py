@@ -115,6 +115,56 @@ def test_forward_reads_nothing_and_reports_at_its_end() -> None:
         torch.testing.assert_close(value, t(2.0))
 
 
+class _SeesItsStates(SumMetric):
+    """Notes, in every update, whether the check counters are among the states that forward copies and reduces."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.counters_seen: list[bool] = []
+
+    def update(self, value: Any) -> None:
+        self.counters_seen.append(_deferred.STATE in self._defaults)
+        super().update(value)
+
+
+def test_forward_leaves_idle_counters_out_of_its_state_work(path: str) -> None:
+    """Where reads are free nothing writes the counters: forward neither copies, resets nor reduces them."""
+    metric = _SeesItsStates(nan_strategy="error")
+    defaults, counters = metric._defaults, getattr(metric, _deferred.STATE)
+    assert metric(t(2.0)) == 2.0
+    if path == "cpu":
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric(t(NAN))
+    else:
+        metric(t(NAN))
+    assert metric.counters_seen == ([False, False] if path == "cpu" else [True, True])
+    assert metric._defaults is defaults and list(defaults) == ["sum_value", _deferred.STATE], "put back as it was"
+    if path == "cpu":
+        assert getattr(metric, _deferred.STATE) is counters, "left in place, not copied"
+    else:
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric.compute()
+    assert metric.compute() == 2.0
+
+
+def test_counts_pending_before_a_cpu_forward_stay_pending() -> None:
+    """Counts filed on the device path and still pending when reads become free survive a forward that leaves the
+    counters out (its internal reset must not mark them as read)."""
+    with torchmetrics_syncfree.patched():
+        metric = SumMetric(nan_strategy="error")
+        _deferred.force_device_path(True)
+        try:
+            with _deferred.simulated_copy_delay(None):
+                metric.update(t([2.0]))
+                metric.update(t([NAN, 1.0]))  # counted, not reported: the copy never arrives
+        finally:
+            _deferred.force_device_path(False)
+        assert metric(t(3.0)) == 3.0  # reads are free now: the counters are left out of this forward
+        with pytest.raises(RuntimeError, match=NAN_ERROR):
+            metric.compute()
+        assert metric.compute() == 5.0
+
+
 # ------------------------------------------------------------------------------------------------------- reset --
 def test_reset_reports_what_is_pending_and_the_next_epoch_starts_clean(path: str) -> None:
     metric = SumMetric(nan_strategy="error")

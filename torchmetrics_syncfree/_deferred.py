@@ -151,7 +151,13 @@ def reads_are_free(tensor: Tensor) -> bool:
     avoids host reads for the GPU's sake may take stock's (or a cheaper) host-reading path when this is true; while
     ``torch.compile`` traces it is false on every device, so traced code never reads.
     """
-    return not _forced and tensor.is_cpu and not probe.simulating_device() and not torch.compiler.is_compiling()
+    # ``probe._cpu_probes_entered`` first: outside tests no probe is active, and this runs several times per update
+    return (
+        not _forced
+        and tensor.is_cpu
+        and not (probe._cpu_probes_entered and probe.simulating_device())
+        and not torch.compiler.is_compiling()
+    )
 
 
 def inside_forward(metric: Any) -> bool:
@@ -271,7 +277,7 @@ _zero: dict[int, tuple[weakref.ref, int]] = {}
 
 def mark_zero(counters: Tensor) -> None:
     """Remember that ``counters`` are all zero now, so that an eager point need not read them (CPU only)."""
-    if counters.is_cpu:
+    if counters.is_cpu and not _surely_zero(counters):
         key = id(counters)
         _zero[key] = (weakref.ref(counters, lambda _, key=key: _zero.pop(key, None)), counters._version)
 
@@ -279,6 +285,45 @@ def mark_zero(counters: Tensor) -> None:
 def _surely_zero(counters: Tensor) -> bool:
     entry = _zero.get(id(counters))
     return entry is not None and entry[0]() is counters and entry[1] == counters._version
+
+
+class IdleCountersLeftOut:
+    """A ``with`` block in which ``metric``'s states leave out its check counters, if nothing in it can write them.
+
+    Where reads are free, :func:`record` reads every flag at once and never writes the counters. ``forward`` copies,
+    resets and reduces every state of the metric (a third of its fixed cost for a metric with two states of its own);
+    with the idle counters left out of ``metric._defaults`` it does stock's work, and the counters keep, in place,
+    whatever they held before (pending counts stay pending). Left in: counters that may be written (the device path,
+    tracing) and those of a metric that syncs its states in ``forward`` (``dist_sync_on_step``: the sync's copy of
+    the states must restore them).
+
+    ``with IdleCountersLeftOut(metric) as idle`` gives whether they were left out: then nothing in the block can
+    have filed anything to report.
+    """
+
+    __slots__ = ("defaults", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.defaults: dict[str, Any] | None = None
+
+    def __enter__(self) -> bool:
+        metric = self.metric
+        counters = metric.__dict__.get(STATE)
+        if counters is None or metric.dist_sync_on_step or not reads_are_free(counters):
+            return False
+        defaults = metric._defaults
+        if STATE not in defaults:
+            return False
+        self.defaults = defaults
+        # a new dict, put back afterwards: the metric's own dict (and its order) stays as it was
+        metric.__dict__["_defaults"] = {name: value for name, value in defaults.items() if name != STATE}
+        return True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.defaults is not None:
+            self.metric.__dict__["_defaults"] = self.defaults
+            self.defaults = None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -365,11 +410,11 @@ def sweep(metric: Any) -> None:
     the next copy. Under DDP with ``sync_on_compute`` it does nothing: ``compute()`` reports the synced counts, so
     that no rank raises alone.
     """
-    kinds = metric.__dict__.get(KINDS)
-    if not kinds or _quiet_time(metric):
+    counters = metric.__dict__.get(STATE)
+    if counters is None or reads_are_free(counters):  # first: the common case, at the end of every CPU update
         return
-    counters = counters_of(metric)
-    if counters is None or reads_are_free(counters) or _reports_at_sync(metric):
+    kinds = metric.__dict__.get(KINDS)
+    if not kinds or _quiet_time(metric) or _reports_at_sync(metric):
         return
     reader = _reader(metric, counters)
     counts: list[int] = []
@@ -400,11 +445,12 @@ def take_pending(metric: Any) -> list[int] | None:
     The counters are zeroed in place (a state shared with other metrics, or with a wrapper's copy of the state, sees
     that too); when the states are synced, the rank's own counters (restored by ``unsync``) are zeroed as well.
     """
-    kinds = metric.__dict__.get(KINDS)
-    if not kinds or _quiet_time(metric):
+    counters = metric.__dict__.get(STATE)
+    if counters is None:
         return None
-    counters = counters_of(metric)
-    if counters is None or _surely_zero(counters):
+    kinds = metric.__dict__.get(KINDS)
+    # quiet time before ``_surely_zero``: traced, its read of the tensor's version would break the graph
+    if not kinds or _quiet_time(metric) or _surely_zero(counters):
         return None
     if not reads_are_free(counters) and probe.simulating_device():
         probe.report(probe.HOST_WAIT, "Tensor.tolist")  # on a GPU this read waits for the queued work

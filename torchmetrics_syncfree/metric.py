@@ -14,7 +14,9 @@ what ``Metric`` does to states carries them unchanged. What ``Metric`` itself ne
 ``_forward_full_state_update``,                read nothing inside ``forward`` (its internal ``reset`` and
 ``_forward_reduce_state_update``               ``compute`` are not the user's), report what has arrived at the
                                                end; an error raised inside leaves the accumulated state as it
-                                               was before the call (stock loses it on the reduce-state path)
+                                               was before the call (stock loses it on the reduce-state path);
+                                               where reads are free no update writes the counters, and forward
+                                               leaves them out of its state copy, reset and reduction
 ``merge_state``                                a dict of states without the counters (written by hand, or from a
                                                metric made before the patch) merges as "nothing pending"; a
                                                metric merges with its counters
@@ -92,7 +94,7 @@ def reset(self: Any) -> None:
     pending = _deferred.take_pending(self)
     _original("reset")(self)
     counters = _deferred.counters_of(self)
-    if counters is not None:
+    if counters is not None and _deferred.STATE in self._defaults:  # (forward leaves idle counters as they are)
         _deferred.mark_zero(counters)
     _deferred.report_counts(self, pending)
 
@@ -112,8 +114,8 @@ def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
 def _filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
     """Before ``forward``'s batch ``compute``: a function that adds what that compute files to the cached counters."""
     counters = _deferred.counters_of(metric)
-    if counters is None or not _deferred.kinds_of(metric):
-        return lambda cache: None
+    if counters is None or not _deferred.kinds_of(metric) or _deferred.reads_are_free(counters):
+        return lambda cache: None  # where reads are free a compute reports what it finds at once: nothing is filed
     before = counters.clone()
 
     def add(cache: dict[str, Any]) -> None:
@@ -127,6 +129,11 @@ def _filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
 @replaces(f"{_METRIC}._forward_full_state_update", params=("self", "args", "kwargs"))
 def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's two-update forward, marked as inside ``forward`` from its start and restored if anything raises."""
+    with _deferred.IdleCountersLeftOut(self) as idle:
+        return _full_state_forward(self, idle, args, kwargs)
+
+
+def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     compute_on_cpu = self.compute_on_cpu
     update_count = self._update_count
     # forward from here on (stock clears it just before the batch update): the checks read nothing until the end
@@ -155,13 +162,19 @@ def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
             setattr(self, attr, value)
         self._update_count = update_count
         _restore_after_forward(self, compute_on_cpu)
-    _deferred.sweep(self)
+    if not idle:  # idle counters have nothing to report
+        _deferred.sweep(self)
     return batch_value
 
 
 @replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
+    with _deferred.IdleCountersLeftOut(self) as idle:
+        return _reduce_state_forward(self, idle, args, kwargs)
+
+
+def _reduce_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     global_state = self._copy_state_dict()
     update_count = self._update_count
     compute_on_cpu = self.compute_on_cpu
@@ -180,13 +193,15 @@ def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
         _restore_after_forward(self, compute_on_cpu)
         raise
     self._update_count = update_count + 1
-    counters = _deferred.counters_of(self)
-    if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch got them now
-        global_state[_deferred.STATE] = torch.zeros_like(counters)
+    if not idle:
+        counters = _deferred.counters_of(self)
+        if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch got them
+            global_state[_deferred.STATE] = torch.zeros_like(counters)
     with torch.no_grad():
         self._reduce_states(global_state)
     _restore_after_forward(self, compute_on_cpu)
-    _deferred.sweep(self)
+    if not idle:  # idle counters have nothing to report
+        _deferred.sweep(self)
     return batch_value
 
 

@@ -297,15 +297,13 @@ def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: in
     """
     if isinstance(metric, MulticlassHingeLoss):
         return True
-    return (
-        ignore_index is None
-        and multidim_average == "global"
-        # only these count with the checked bincount
-        and isinstance(metric, (MulticlassStatScores, MulticlassConfusionMatrix))
-        and getattr(metric, "top_k", 1) == 1  # a confusion-matrix metric has neither: it always counts this way
-        and getattr(metric, "average", None) != "micro"
-        and not _mesh_counting()
-    )
+    if ignore_index is not None or multidim_average != "global" or _mesh_counting():
+        return False
+    # only these count with the checked bincount; a confusion-matrix metric always does (it has no top_k, no average:
+    # asking for them would cost a failed nn.Module attribute lookup, an exception, on every update)
+    if isinstance(metric, MulticlassConfusionMatrix):
+        return True
+    return isinstance(metric, MulticlassStatScores) and metric.top_k == 1 and metric.average != "micro"
 
 
 def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
