@@ -525,7 +525,9 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     invalid = None
     if self.validate_args:
         invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
-    normalization = getattr(self, "normalization", "sigmoid")  # an argument since torchmetrics 1.8
+    # an argument since torchmetrics 1.8; not ``getattr(self, ..., default)``: before 1.8 that lookup fails on the
+    # ``nn.Module`` (raising and catching an AttributeError, microseconds) on every update
+    normalization = self.__dict__.get("normalization", "sigmoid")
     if self.thresholds is None:
         if _keeps_ignored_entries(self, target):
             preds, target = preds.flatten(), target.flatten()
