@@ -131,6 +131,25 @@ def test_parity_with_stock(name: str, path: str) -> None:
     parity(wrapped, path=path, rtol=rtol)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_multiclass_micro_curves_match_stock(path: str) -> None:
+    """Multiclass ``average="micro"`` flattens one-hot targets into the list state: its ignored entries are dropped
+    as stock drops them on both paths (the device path keeps them only in the per-class states). Unbinned only: stock's
+    binned micro state fails to add up (its ``confmat`` is allocated per class)."""
+    cases = {}
+    for name in ("PrecisionRecallCurve", "ROC"):
+        for key in ("None",):
+            for ignore_index in IGNORE["multiclass"]:
+                label = f"{name}-micro-thresholds={key}-ignore={ignore_index}"
+                data = _batches("multiclass", ignore_index, seed=sum(map(ord, label)))
+
+                def make(name: str = name, key: str = key, ignore_index: int | None = ignore_index) -> Any:
+                    return _Flattening(_make(name, "multiclass", THRESHOLDS[key], ignore_index, average="micro"))
+
+                cases[label] = make, data
+    parity(cases, path=path, rtol=lambda label: 1e-6 if path == "device" and "thresholds=None" in label else 0.0)
+
+
 class _Flattening:
     """A metric whose forward/compute return one tensor: the curve tuples flattened (for ``parity``)."""
 

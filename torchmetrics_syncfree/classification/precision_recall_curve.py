@@ -444,7 +444,9 @@ def _keeps_ignored_entries(self: Any, target: Tensor) -> bool:
 
 def _one_hot_state(self: Any) -> bool:
     """Multiclass ``average="micro"``: the list state holds one-hot targets (0/1), never ignored entries."""
-    return getattr(self, "average", None) == "micro"
+    # the instance dict, not ``getattr(self, "average", None)``: binary curves have no ``average``, and a failed
+    # ``nn.Module`` lookup raises and catches an AttributeError (microseconds) on every update with ``ignore_index``
+    return self.__dict__.get("average") == "micro"
 
 
 @contextmanager
