@@ -287,8 +287,8 @@ def _surely_zero(counters: Tensor) -> bool:
     return entry is not None and entry[0]() is counters and entry[1] == counters._version
 
 
-class IdleCountersLeftOut:
-    """A ``with`` block in which ``metric``'s states leave out its check counters, if nothing in it can write them.
+def leave_out_idle_counters(metric: Any) -> dict[str, Any] | None:
+    """Leave ``metric``'s check counters out of its states, if nothing until they are put back can write them.
 
     Where reads are free, :func:`record` reads every flag at once and never writes the counters. ``forward`` copies,
     resets and reduces every state of the metric (a third of its fixed cost for a metric with two states of its own);
@@ -297,33 +297,24 @@ class IdleCountersLeftOut:
     tracing) and those of a metric that syncs its states in ``forward`` (``dist_sync_on_step``: the sync's copy of
     the states must restore them).
 
-    ``with IdleCountersLeftOut(metric) as idle`` gives whether they were left out: then nothing in the block can
-    have filed anything to report.
+    Returns:
+        The metric's own ``_defaults``, to put back (``metric.__dict__["_defaults"] = ...``, in a ``finally``) when
+        the counters were left out: then nothing in between can have filed anything to report; else ``None``.
+        A function and an inline ``try``/``finally`` rather than a context manager: this runs in every ``forward``,
+        where each Python call is host time.
+
     """
-
-    __slots__ = ("defaults", "metric")
-
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-        self.defaults: dict[str, Any] | None = None
-
-    def __enter__(self) -> bool:
-        metric = self.metric
-        counters = metric.__dict__.get(STATE)
-        if counters is None or metric.dist_sync_on_step or not reads_are_free(counters):
-            return False
-        defaults = metric._defaults
-        if STATE not in defaults:
-            return False
-        self.defaults = defaults
-        # a new dict, put back afterwards: the metric's own dict (and its order) stays as it was
-        metric.__dict__["_defaults"] = {name: value for name, value in defaults.items() if name != STATE}
-        return True
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.defaults is not None:
-            self.metric.__dict__["_defaults"] = self.defaults
-            self.defaults = None
+    counters = metric.__dict__.get(STATE)
+    if counters is None or metric.dist_sync_on_step or not reads_are_free(counters):
+        return None
+    defaults = metric._defaults
+    if STATE not in defaults:
+        return None
+    # a new dict, put back afterwards: the metric's own dict (and its order) stays as it was
+    without_counters = dict(defaults)
+    del without_counters[STATE]
+    metric.__dict__["_defaults"] = without_counters
+    return defaults
 
 
 # --------------------------------------------------------------------------------------------------------------------

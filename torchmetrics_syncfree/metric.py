@@ -77,11 +77,12 @@ def sync_context(
         should_sync=should_sync,
         distributed_available=distributed_available,
     )
-    try:
-        _deferred.report_pending(self)
-    except BaseException:
-        self.unsync(should_unsync=self._is_synced and should_unsync)
-        raise
+    if _deferred.STATE in self._defaults:  # else no counters, or idle ones that forward left out: nothing to report
+        try:
+            _deferred.report_pending(self)
+        except BaseException:
+            self.unsync(should_unsync=self._is_synced and should_unsync)
+            raise
 
     yield
 
@@ -91,11 +92,13 @@ def sync_context(
 @replaces(f"{_METRIC}.reset", params=("self",))
 def reset(self: Any) -> None:
     """Stock's ``reset``, after taking what the checks have pending; reported once the states are reset."""
+    if _deferred.STATE not in self._defaults:
+        # no counters, or idle ones that forward left out (they keep what they hold): stock's reset, at stock's cost
+        _original("reset")(self)
+        return
     pending = _deferred.take_pending(self)
     _original("reset")(self)
-    counters = _deferred.counters_of(self)
-    if counters is not None and _deferred.STATE in self._defaults:  # (forward leaves idle counters as they are)
-        _deferred.mark_zero(counters)
+    _deferred.mark_zero(self.__dict__[_deferred.STATE])
     _deferred.report_counts(self, pending)
 
 
@@ -129,8 +132,12 @@ def _filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
 @replaces(f"{_METRIC}._forward_full_state_update", params=("self", "args", "kwargs"))
 def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's two-update forward, marked as inside ``forward`` from its start and restored if anything raises."""
-    with _deferred.IdleCountersLeftOut(self) as idle:
-        return _full_state_forward(self, idle, args, kwargs)
+    defaults = _deferred.leave_out_idle_counters(self)
+    try:
+        return _full_state_forward(self, defaults is not None, args, kwargs)
+    finally:
+        if defaults is not None:
+            self.__dict__["_defaults"] = defaults
 
 
 def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -153,10 +160,13 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
         self._enable_grad = True
         self.reset()
         self.update(*args, **kwargs)
-        filed_by_compute = _filed_by_compute(self)
-        batch_value = self.compute()
-        # what the batch's compute filed (its warnings) goes on with the global state: restoring it would drop them
-        filed_by_compute(cache)
+        if idle:  # reads are free: a compute reports what it finds at once, nothing is filed
+            batch_value = self.compute()
+        else:
+            filed_by_compute = _filed_by_compute(self)
+            batch_value = self.compute()
+            # what the batch's compute filed (its warnings) goes on with the global state: restoring it would drop them
+            filed_by_compute(cache)
     finally:
         for attr, value in cache.items():
             setattr(self, attr, value)
@@ -170,37 +180,38 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
 @replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
-    with _deferred.IdleCountersLeftOut(self) as idle:
-        return _reduce_state_forward(self, idle, args, kwargs)
-
-
-def _reduce_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    global_state = self._copy_state_dict()
-    update_count = self._update_count
-    compute_on_cpu = self.compute_on_cpu
-    self._should_unsync = False  # before reset(), so that it knows it is forward's (stock sets it just after)
-    self.reset()
-    self._to_sync = self.dist_sync_on_step
-    self.compute_on_cpu = False
-    self._enable_grad = True
+    # one function, no context manager: every Python call here is host time of every forward
+    defaults = _deferred.leave_out_idle_counters(self)
     try:
-        self.update(*args, **kwargs)
-        batch_value = self.compute()
-    except BaseException:
-        for attr, value in global_state.items():
-            setattr(self, attr, value)
-        self._update_count = update_count
+        global_state = self._copy_state_dict()
+        update_count = self._update_count
+        compute_on_cpu = self.compute_on_cpu
+        self._should_unsync = False  # before reset(), so that it knows it is forward's (stock sets it just after)
+        self.reset()
+        self._to_sync = self.dist_sync_on_step
+        self.compute_on_cpu = False
+        self._enable_grad = True
+        try:
+            self.update(*args, **kwargs)
+            batch_value = self.compute()
+        except BaseException:
+            for attr, value in global_state.items():
+                setattr(self, attr, value)
+            self._update_count = update_count
+            _restore_after_forward(self, compute_on_cpu)
+            raise
+        self._update_count = update_count + 1
+        if defaults is None:
+            counters = _deferred.counters_of(self)
+            if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch
+                global_state[_deferred.STATE] = torch.zeros_like(counters)
+        with torch.no_grad():
+            self._reduce_states(global_state)
         _restore_after_forward(self, compute_on_cpu)
-        raise
-    self._update_count = update_count + 1
-    if not idle:
-        counters = _deferred.counters_of(self)
-        if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch got them
-            global_state[_deferred.STATE] = torch.zeros_like(counters)
-    with torch.no_grad():
-        self._reduce_states(global_state)
-    _restore_after_forward(self, compute_on_cpu)
-    if not idle:  # idle counters have nothing to report
+    finally:
+        if defaults is not None:
+            self.__dict__["_defaults"] = defaults
+    if defaults is None:  # (idle counters have nothing to report)
         _deferred.sweep(self)
     return batch_value
 

@@ -47,12 +47,12 @@ from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.confusion_matrix import (
     _binary_confusion_matrix_tensor_validation,
-    _multiclass_confusion_matrix_tensor_validation,
     _probabilities,
 )
 from torchmetrics_syncfree.classification.stat_scores import (
     _all_classes,
     _checked_init,
+    _multiclass_stat_scores_tensor_validation,
     _raise_not_a_class,
     _stock,
     _without_invalid,
@@ -62,12 +62,11 @@ _FUNCTIONAL = "torchmetrics.functional.classification.hinge"
 _MODULE = "torchmetrics.classification.hinge"
 
 
-def _raise_if_not_float(preds: Tensor) -> None:
-    if not preds.is_floating_point():
-        raise ValueError(
-            "Expected argument `preds` to be floating tensor with probabilities/logits"
-            f" but got tensor with dtype {preds.dtype}"
-        )
+def _raise_not_float(preds: Tensor) -> None:
+    raise ValueError(
+        "Expected argument `preds` to be floating tensor with probabilities/logits"
+        f" but got tensor with dtype {preds.dtype}"
+    )
 
 
 @replaces(f"{_FUNCTIONAL}._binary_hinge_loss_tensor_validation", params=("preds", "target", "ignore_index"))
@@ -78,7 +77,8 @@ def _binary_hinge_loss_tensor_validation(
     if metric is None:
         return _stock(f"{_FUNCTIONAL}._binary_hinge_loss_tensor_validation")(preds, target, ignore_index)
     invalid = _binary_confusion_matrix_tensor_validation(preds, target, ignore_index, metric=metric)
-    _raise_if_not_float(preds)
+    if not preds.is_floating_point():
+        _raise_not_float(preds)
     return invalid
 
 
@@ -94,8 +94,12 @@ def _multiclass_hinge_loss_tensor_validation(
         return _stock(f"{_FUNCTIONAL}._multiclass_hinge_loss_tensor_validation")(
             preds, target, num_classes, ignore_index
         )
-    invalid = _multiclass_confusion_matrix_tensor_validation(preds, target, num_classes, ignore_index, metric=metric)
-    _raise_if_not_float(preds)
+    # the confusion matrix's validation is the stat scores' (called directly: one Python call less per update)
+    invalid = _multiclass_stat_scores_tensor_validation(
+        preds, target, num_classes, "global", ignore_index, metric=metric
+    )
+    if not preds.is_floating_point():
+        _raise_not_float(preds)
     return invalid
 
 

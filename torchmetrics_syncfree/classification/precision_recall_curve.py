@@ -480,6 +480,8 @@ def _stock_compute_where_reads_are_free(self: Any, target: str) -> Any:
     AUROC, AveragePrecision and LogAUC compute with stock's code on CPU (its numbers to the bit, its warnings at once)
     and with their fixed-shape code on the device path.
     """
+    if self.thresholds is not None:  # binned counts: nothing to drop (the common case, kept to one Python call)
+        return _stock(target)(self) if _deferred.reads_are_free(self.confmat) else None
     if not _deferred.reads_are_free(_state_tensor(self)):
         return None
     with _ignored_entries_dropped(self):

@@ -155,7 +155,10 @@ def _adjust_weights_safe_divide(
     return _safe_divide(weights * score, weights.sum(-1, keepdim=True)).sum(-1)
 
 
-@replaces(f"{_COMPUTE}.normalize_logits_if_needed", params=("tensor", "normalization"), everywhere=True)
+_NORMALIZE_LOGITS = f"{_COMPUTE}.normalize_logits_if_needed"  # (built once: the CPU path of every update asks for it)
+
+
+@replaces(_NORMALIZE_LOGITS, params=("tensor", "normalization"), everywhere=True)
 def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Tensor:
     """Apply sigmoid/softmax if any value is outside [0, 1], choosing on the device (``torch.where``).
 
@@ -165,7 +168,7 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
     if not normalization:
         return tensor
     if _deferred.reads_are_free(tensor):
-        return _stock(f"{_COMPUTE}.normalize_logits_if_needed")(tensor, normalization)
+        return _stock(_NORMALIZE_LOGITS)(tensor, normalization)
     outside = ((tensor < 0) | (tensor > 1)).any()
     normalized = torch.sigmoid(tensor) if normalization == "sigmoid" else torch.softmax(tensor, dim=1)
     return torch.where(outside, normalized, tensor)
