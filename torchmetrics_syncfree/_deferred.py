@@ -144,6 +144,18 @@ def device_path_forced() -> bool:
     return _forced
 
 
+class _NoCompilingFlag:
+    _is_compiling_flag = False
+
+
+# ``torch.compiler.is_compiling()`` is ``not torch.jit.is_scripting() and _is_compiling_flag`` (torch 2.4+): two Python
+# calls on every check of every update. Where torch has both halves, ``reads_are_free`` asks them itself in one call:
+# ``is_dynamo_compiling`` (which dynamo folds to True while it traces, as it folds ``is_compiling``) and the flag that
+# ``torch.export`` and compilation set; TorchScript never runs this code. Older torch: ``is_compiling`` as it is.
+_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+_compiling_flags: Any = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else _NoCompilingFlag
+
+
 def reads_are_free(tensor: Tensor) -> bool:
     """Whether reading ``tensor`` on the host costs nothing right now.
 
@@ -156,7 +168,8 @@ def reads_are_free(tensor: Tensor) -> bool:
         not _forced
         and tensor.is_cpu
         and not (probe._cpu_probes_entered and probe.simulating_device())
-        and not torch.compiler.is_compiling()
+        and not _is_dynamo_compiling()
+        and not _compiling_flags._is_compiling_flag
     )
 
 

@@ -407,8 +407,11 @@ def _family_kinds(self: Any) -> tuple[_deferred.Check, ...]:
 
 
 def _refresh_kinds(self: Any) -> None:
-    """Give a metric made before the patch its counters (a tuple comparison per update otherwise)."""
-    _deferred.keep_kinds(self, FAMILY_KINDS, size=len(FAMILY_KINDS))
+    """Give a metric made before the patch its counters (a tuple comparison per update otherwise: no Python call)."""
+    # ``!=``, not ``is not``: dynamo traces tuple equality (this runs in compiled computes), and the elements are the
+    # same objects, so the comparison calls no ``__eq__``
+    if self.__dict__.get(_deferred.KINDS) != FAMILY_KINDS:
+        _deferred.keep_kinds(self, FAMILY_KINDS, size=len(FAMILY_KINDS))
 
 
 def _file_warning(metric: Any, kind: _deferred.Check, count: Tensor) -> None:
@@ -533,7 +536,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     # ``nn.Module`` (raising and catching an AttributeError, microseconds) on every update
     normalization = self.__dict__.get("normalization", "sigmoid")
     if self.thresholds is None:
-        if _keeps_ignored_entries(self, target):
+        if self.ignore_index is not None and _keeps_ignored_entries(self, target):
             preds, target = preds.flatten(), target.flatten()
             if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
                 preds = _probabilities(preds, target != self.ignore_index, normalization)
@@ -561,7 +564,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         )
     average = getattr(self, "average", None)
     if self.thresholds is None:
-        if _keeps_ignored_entries(self, target):
+        if self.ignore_index is not None and _keeps_ignored_entries(self, target):
             preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
             preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
         else:
