@@ -38,6 +38,7 @@ import os
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -144,16 +145,14 @@ def device_path_forced() -> bool:
     return _forced
 
 
-class _NoCompilingFlag:
-    _is_compiling_flag = False
-
-
-# ``torch.compiler.is_compiling()`` is ``not torch.jit.is_scripting() and _is_compiling_flag`` (torch 2.4+): two Python
-# calls on every check of every update. Where torch has both halves, ``reads_are_free`` asks them itself in one call:
-# ``is_dynamo_compiling`` (which dynamo folds to True while it traces, as it folds ``is_compiling``) and the flag that
-# ``torch.export`` and compilation set; TorchScript never runs this code. Older torch: ``is_compiling`` as it is.
-_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
-_compiling_flags: Any = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else _NoCompilingFlag
+# ``torch.compiler.is_compiling()`` is ``not torch.jit.is_scripting() and _is_compiling_flag`` on recent torch: two
+# Python calls on every check of every update. Where torch has both halves, ``reads_are_free`` asks them itself in one
+# call: ``is_dynamo_compiling`` (which dynamo folds to True while it traces, as it folds ``is_compiling``) and the flag
+# that ``torch.export`` and compilation set; TorchScript never runs this code. Other torch: ``is_compiling`` alone.
+if hasattr(torch.compiler, "is_dynamo_compiling") and hasattr(torch.compiler, "_is_compiling_flag"):
+    _is_dynamo_compiling, _compiling_flags = torch.compiler.is_dynamo_compiling, torch.compiler
+else:
+    _is_dynamo_compiling, _compiling_flags = torch.compiler.is_compiling, SimpleNamespace(_is_compiling_flag=False)
 
 
 def reads_are_free(tensor: Tensor) -> bool:

@@ -435,14 +435,16 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
 
 
 def _keeps_ignored_entries(self: Any, target: Tensor) -> bool:
-    """Whether this unbinned binary/multiclass update keeps its ignored entries in the list state.
+    """Whether this unbinned binary/multiclass update, whose ``ignore_index`` is set, keeps its ignored entries.
+
+    (The callers test ``self.ignore_index is not None`` first, inline: updates without it make no Python call here.)
 
     Stock drops them with a boolean mask (``preds[target != ignore_index]``: a data-dependent shape, read on the
     host). On the device path they stay, their targets still ``ignore_index``, and every compute of the family leaves
     them out (:func:`_ignored_entries_dropped`, or weights of 0 in the fixed-shape AUROC/AveragePrecision). Where
     reads are free the state is stock's; multiclass ``average="micro"`` (one-hot targets) keeps stock's mask.
     """
-    return self.ignore_index is not None and not _one_hot_state(self) and not _deferred.reads_are_free(target)
+    return not _one_hot_state(self) and not _deferred.reads_are_free(target)
 
 
 def _one_hot_state(self: Any) -> bool:
