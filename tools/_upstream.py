@@ -16,6 +16,28 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_UPSTREAM = REPO.parent / "shared" / "upstream"
 #: the snapshots in the order the ``upstream`` tox env tests them (the first one also gets the heavy suites)
 SNAPSHOTS = ("torchmetrics-master-dab0333.tar.gz", "torchmetrics-v1.9.0.tar.gz")
+
+
+def locate_snapshot(path: Path) -> Path:
+    """``path`` if it is there, else the snapshot of that name beside the local checkout this one was cloned from.
+
+    The snapshots are not in the repository: they lie in ``shared/upstream/`` beside the workplace's checkout (CI's
+    clone sits there too). A clone made elsewhere (``git clone /work/main "$(mktemp -d)"``) finds them through its
+    ``origin`` remote when that is a local path; otherwise ``path`` comes back unchanged (the caller reports it
+    missing).
+    """
+    if path.is_file():
+        return path
+    try:
+        origin = subprocess.run(
+            ["git", "remote", "get-url", "origin"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return path
+    candidate = Path(origin).expanduser().resolve().parent / "shared" / "upstream" / path.name
+    return candidate if candidate.is_file() else path
+
+
 #: committer identity for throw-away checkouts (and for ``git am`` where the checkout has none configured)
 GIT_IDENTITY = ("-c", "user.name=torchmetrics-syncfree", "-c", "user.email=syncfree@localhost")
 

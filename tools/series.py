@@ -36,7 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _upstream import GIT_IDENTITY, REPO, SHARED_UPSTREAM, SNAPSHOTS, git, make_checkout, snapshot_label, unpack
+from _upstream import (
+    GIT_IDENTITY,
+    REPO,
+    SHARED_UPSTREAM,
+    SNAPSHOTS,
+    git,
+    locate_snapshot,
+    make_checkout,
+    snapshot_label,
+    unpack,
+)
 
 SERIES_DIR = REPO / "patches"
 _PATCH_NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9._-]*\.patch$")
@@ -919,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
             made = make(args.checkout, args.base, args.head, args.series)
             print("\n".join(str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in made))
         else:
-            archives = args.archive or [SHARED_UPSTREAM / name for name in SNAPSHOTS]
+            archives = [locate_snapshot(a) for a in args.archive or [SHARED_UPSTREAM / name for name in SNAPSHOTS]]
             missing = [str(a) for a in archives if not a.is_file()]
             if missing:
                 raise SeriesError(f"snapshot(s) not found: {missing} (they live in ../shared/upstream/)")

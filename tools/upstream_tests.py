@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _upstream import unpack
+from _upstream import locate_snapshot, unpack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="test paths (relative to the tree's tests/) and pytest options")
     args = parser.parse_args(argv)
+    args.archive = locate_snapshot(args.archive)
     if not args.archive.is_file():
         parser.error(f"{args.archive} not found (the snapshots live in ../shared/upstream/)")
 
