@@ -89,7 +89,14 @@ def test_every_patched_update_traces_without_a_graph_break(config: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["Accuracy(task='binary', validate_args=False)", "F1Score(task='multilabel', num_labels=4)"]
+    "spec",
+    [
+        "Accuracy(task='binary', validate_args=False)",
+        "F1Score(task='multilabel', num_labels=4)",
+        # unbinned multiclass micro curves (one-hot list states): outside the catalogue, their compute is data-sized
+        "ROC(task='multiclass', num_classes=4, average='micro', thresholds=None, ignore_index=1)",
+        "PrecisionRecallCurve(task='multiclass', num_classes=4, average='micro', thresholds=None)",
+    ],
 )
 def test_updates_without_validation_and_of_other_tasks_trace_too(spec: str) -> None:
     with torchmetrics_syncfree.patched():

@@ -5,6 +5,8 @@ validation reported as stock's, compile without graph breaks."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import pickle
 from typing import Any
 
 import pytest
@@ -12,10 +14,11 @@ import torch
 import torch._dynamo
 import torchmetrics
 from torch import Tensor
+from torchmetrics.utilities.data import dim_zero_cat
 
 import torchmetrics_syncfree
 from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
-from tests._probing import graph_breaks
+from tests._probing import graph_breaks, syncs_are_errors
 from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree.classification import precision_recall_curve
 
@@ -142,6 +145,10 @@ def test_multiclass_micro_curves_match_stock(path: str) -> None:
             for ignore_index in IGNORE["multiclass"]:
                 label = f"{name}-micro-thresholds={key}-ignore={ignore_index}"
                 data = _batches("multiclass", ignore_index, seed=sum(map(ord, label)))
+                if ignore_index is not None:
+                    # probabilities, but scores outside [0, 1] in ignored rows: stock decides logits on the kept rows
+                    preds, target = data[0]
+                    data.append((preds.masked_fill((target == ignore_index).unsqueeze(1), 5.0), target))
 
                 def make(name: str = name, key: str = key, ignore_index: int | None = ignore_index) -> Any:
                     return _Flattening(_make(name, "multiclass", THRESHOLDS[key], ignore_index, average="micro"))
@@ -150,21 +157,95 @@ def test_multiclass_micro_curves_match_stock(path: str) -> None:
     parity(cases, path=path, rtol=lambda label: 1e-6 if path == "device" and "thresholds=None" in label else 0.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 10): the unbinned micro update is stock's, whose one_hot reads the target range and whose"
-    " ignore_index mask has a data-dependent shape",
-)
 @pytest.mark.parametrize("name", ["PrecisionRecallCurve", "ROC"])
-@pytest.mark.parametrize("ignore_index", [None, -1])
-def test_multiclass_micro_unbinned_update_is_sync_free(syncfree: Any, name: str, ignore_index: int | None) -> None:
-    """Not yet: fails (xfail, strict) until the micro list state is built with fixed shapes. (Binned micro is broken in
-    stock itself: its ``confmat`` is allocated per class, so its compute fails.)"""
-    metric = _make(name, "multiclass", None, ignore_index, average="micro")
-    with SyncProbe() as probe:
-        for preds, target in _batches("multiclass", ignore_index, seed=4):
+@pytest.mark.parametrize("ignore_index", IGNORE["multiclass"])
+def test_multiclass_micro_unbinned_update_is_sync_free(name: str, ignore_index: int | None) -> None:
+    """Stock's micro update one-hot encodes with ``one_hot`` (2 reads of the target range) after its ``ignore_index``
+    mask (2 data-dependent shapes); the device path compares with every class and keeps the ignored rows. (Binned
+    micro is broken in stock itself: its ``confmat`` is allocated per class, so its compute fails.)"""
+    data = _batches("multiclass", ignore_index, seed=4)
+    stock = _make(name, "multiclass", None, ignore_index, average="micro")
+    with SyncProbe() as stock_probe:
+        stock.update(*data[0])
+    assert stock_probe.count > 0  # the probe sees what this test is about
+    with torchmetrics_syncfree.patched(), SyncProbe() as probe:
+        metric = _make(name, "multiclass", None, ignore_index, average="micro")
+        for preds, target in data:
             metric.update(preds, target)
     assert probe.count == 0, probe.events
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+@pytest.mark.parametrize("ignore_index", IGNORE["multiclass"])
+def test_multiclass_micro_unbinned_update_never_syncs_on_cuda_and_matches_stock(ignore_index: int | None) -> None:
+    data = _batches("multiclass", ignore_index, seed=9)
+    stock = _make("ROC", "multiclass", None, ignore_index, average="micro")
+    for preds, target in data:
+        stock.update(preds, target)
+    with torchmetrics_syncfree.patched():
+        metric = _make("ROC", "multiclass", None, ignore_index, average="micro").cuda()
+        with syncs_are_errors():
+            for preds, target in data:
+                metric.update(preds.cuda(), target.cuda())
+        for value, reference in zip(_flat(metric.compute()), _flat(stock.compute())):
+            torch.testing.assert_close(value.cpu(), reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_multiclass_micro_update_raises_stocks_error_for_targets_that_are_not_int64(path: str) -> None:
+    """Stock's ``one_hot`` takes int64 targets only (its first check: the dtype, no read); so does the device path."""
+    preds, target = _batches("multiclass", None, seed=6)[0]
+    with pytest.raises(RuntimeError) as stock_error:
+        _make("ROC", "multiclass", None, None, average="micro").update(preds, target.int())
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = _make("ROC", "multiclass", None, None, average="micro")
+        with pytest.raises(RuntimeError) as patched_error:
+            metric.update(preds, target.int())
+    assert str(patched_error.value) == str(stock_error.value)
+
+
+def test_multiclass_micro_labels_of_no_class_without_validation_are_negatives(syncfree: Any) -> None:
+    """Documented deviation: with ``validate_args=False`` stock's ``one_hot`` fails on a target of no class (on CPU,
+    where the patched update is stock's, it still does); the device path counts it as a negative of every class, as
+    stock's per-class curves do."""
+    preds = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]])
+    target = torch.tensor([0, 2, 5, -3])
+    with pytest.raises(RuntimeError):
+        torchmetrics.ROC(task="multiclass", num_classes=3, average="micro", validate_args=False).update(preds, target)
+    negatives = (target.unsqueeze(1) == torch.arange(3)).long().flatten()  # rows 2 and 3: negatives of every class
+    expected = torchmetrics.ROC(task="binary")(preds.flatten(), negatives)
+    metric = torchmetrics.ROC(task="multiclass", num_classes=3, average="micro", validate_args=False)
+    with SyncProbe() as probe:
+        metric.update(preds, target)
+    assert probe.count == 0, probe.events
+    for value, reference in zip(metric.compute(), expected):
+        torch.testing.assert_close(value, reference, rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric:UserWarning")  # a loaded state counts no update
+def test_multiclass_micro_state_keeps_its_ignored_rows_through_copies_and_merges(syncfree: Any) -> None:
+    """The ignored rows that the device path keeps (targets ``IGNORED_ONE_HOT``: ``ignore_index=1`` is a one-hot
+    value) survive ``merge_state``, pickle and ``state_dict`` round trips and are left out by every compute."""
+    data = _batches("multiclass", 1, seed=8)
+    stock = _make("PrecisionRecallCurve", "multiclass", None, 1, average="micro")
+    for preds, target in data:
+        stock.update(preds, target)
+    with SyncProbe():
+        first = _make("PrecisionRecallCurve", "multiclass", None, 1, average="micro")
+        second = _make("PrecisionRecallCurve", "multiclass", None, 1, average="micro")
+        for i, (preds, target) in enumerate(data):
+            (first if i % 2 else second).update(preds, target)
+        assert (dim_zero_cat(first.target) == precision_recall_curve.IGNORED_ONE_HOT).any()
+        merged = pickle.loads(pickle.dumps(second))
+        merged.merge_state(first)
+        restored = _make("PrecisionRecallCurve", "multiclass", None, 1, average="micro")
+        restored.persistent(True)
+        merged.persistent(True)
+        restored.load_state_dict(merged.state_dict())
+        for metric in (merged, restored, copy.deepcopy(merged)):
+            for value, reference in zip(_flat(metric.compute()), _flat(stock.compute())):
+                torch.testing.assert_close(value, reference, rtol=1e-6, atol=0)  # (order of the batches differs)
 
 
 class _Flattening:

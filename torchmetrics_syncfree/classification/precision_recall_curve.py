@@ -24,7 +24,9 @@ a Python loop over thresholds for large batches      counts: O(N log T) work and
 With ``thresholds=None`` the state is the list of (formatted) preds and targets: its update is validation and
 formatting only. With ``ignore_index`` stock's binary/multiclass update removes the ignored entries with a boolean
 mask (one sync per update); on the device path they stay in the list state and every compute of the family leaves
-them out (:func:`_keeps_ignored_entries`; a documented deviation of the list state). ``compute()`` of the curves is
+them out (:func:`_keeps_ignored_entries`; a documented deviation of the list state). Multiclass ``average="micro"``
+one-hot encodes the targets (stock's ``one_hot`` reads their range): on the device path a comparison with every class
+does (:func:`_micro_list_state`). ``compute()`` of the curves is
 stock's on the state without ignored entries; AUROC and AveragePrecision have their own (:mod:`.auroc`,
 :mod:`.average_precision`).
 
@@ -34,7 +36,8 @@ The counts are integers: identical to stock's for every valid input. Deliberate 
   counts distinct values);
 * with ``validate_args=False``, binary and multilabel targets other than 0 and 1 and multiclass targets outside the
   classes are left out of the binned counts (stock counts them in another threshold's or class's cells, or fails in
-  ``one_hot``).
+  ``one_hot``); in the device path's unbinned micro state such a target is a negative of every class, as in stock's
+  per-class curves (stock's ``one_hot`` fails).
 
 """
 
@@ -385,8 +388,11 @@ def _class_counts(target: Tensor, num_classes: int, kept: Tensor | None = None) 
 
 
 def _kept_entries(self: Any, target: Tensor) -> Tensor | None:
-    """The entries of a binary/multiclass list state that are not ignored (``None``: all of them)."""
-    if self.ignore_index is None or _one_hot_state(self):
+    """The entries of a binary/multiclass list state that are not ignored (``None``: all of them).
+
+    (AUROC and AveragePrecision ask: their multiclass states are per class, never one-hot.)
+    """
+    if self.ignore_index is None:
         return None
     return target != self.ignore_index
 
@@ -434,23 +440,50 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
     _deferred.sweep(self)
 
 
-def _keeps_ignored_entries(self: Any, target: Tensor) -> bool:
+def _keeps_ignored_entries(target: Tensor) -> bool:
     """Whether this unbinned binary/multiclass update, whose ``ignore_index`` is set, keeps its ignored entries.
 
     (The callers test ``self.ignore_index is not None`` first, inline: updates without it make no Python call here.)
 
     Stock drops them with a boolean mask (``preds[target != ignore_index]``: a data-dependent shape, read on the
-    host). On the device path they stay, their targets still ``ignore_index``, and every compute of the family leaves
-    them out (:func:`_ignored_entries_dropped`, or weights of 0 in the fixed-shape AUROC/AveragePrecision). Where
-    reads are free the state is stock's; multiclass ``average="micro"`` (one-hot targets) keeps stock's mask.
+    host). On the device path they stay, their targets still ``ignore_index`` (one-hot targets: ``IGNORED_ONE_HOT``,
+    :func:`_micro_list_state`), and every compute of the family leaves them out (:func:`_ignored_entries_dropped`, or
+    weights of 0 in the fixed-shape AUROC/AveragePrecision). Where reads are free the state is stock's.
     """
-    return not _one_hot_state(self) and not _deferred.reads_are_free(target)
+    return not _deferred.reads_are_free(target)
+
+
+#: The target of an ignored entry in a one-hot (multiclass ``average="micro"``) list state built on the device path:
+#: no one-hot target takes it (they are 0 or 1), unlike ``ignore_index``, which may be either.
+IGNORED_ONE_HOT = -1
+
+
+def _micro_list_state(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
+) -> tuple[Tensor, Tensor]:
+    """Stock's unbinned ``average="micro"`` format with fixed shapes: flattened scores and one-hot targets.
+
+    Stock drops the ignored entries with a boolean mask and encodes the rest with ``one_hot``, which reads the target
+    range on the host (a CUDA sync). Here the one-hot targets are a comparison with every class, and the rows of
+    ignored entries stay, all their targets ``IGNORED_ONE_HOT``, left out by every compute
+    (:func:`_ignored_entries_dropped`). With ``validate_args=False`` a target of no class is a negative of every class,
+    as in the per-class curves (a documented deviation: stock's ``one_hot`` fails).
+    """
+    if target.dtype != torch.long:  # stock's ``one_hot`` raises this first (a dtype check: no read)
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    preds, target = preds.transpose(0, 1).reshape(num_classes, -1).T, target.flatten()
+    one_hot = (target.unsqueeze(1) == torch.arange(num_classes, device=target.device)).long()
+    if ignore_index is None:
+        return normalize_logits_if_needed(preds, "softmax").flatten(), one_hot.flatten()
+    ignored = (target == ignore_index).unsqueeze(1)
+    preds = _probabilities(preds, ~ignored, "softmax")  # stock's logits test: the kept rows only
+    return preds.flatten(), one_hot.masked_fill(ignored, IGNORED_ONE_HOT).flatten()
 
 
 def _one_hot_state(self: Any) -> bool:
-    """Multiclass ``average="micro"``: the list state holds one-hot targets (0/1), never ignored entries."""
+    """Multiclass ``average="micro"``: the list state holds one-hot targets (0/1; ignored: ``IGNORED_ONE_HOT``)."""
     # the instance dict, not ``getattr(self, "average", None)``: binary curves have no ``average``, and a failed
-    # ``nn.Module`` lookup raises and catches an AttributeError (microseconds) on every update with ``ignore_index``
+    # ``nn.Module`` lookup raises and catches an AttributeError (microseconds) on every compute with ``ignore_index``
     return self.__dict__.get("average") == "micro"
 
 
@@ -463,14 +496,14 @@ def _ignored_entries_dropped(self: Any) -> Iterator[None]:
     through ROC), and AUROC/AveragePrecision where reads are free: a compute may read where its result's shape depends
     on the data.
     """
-    if self.thresholds is not None or self.ignore_index is None or not self.preds or _one_hot_state(self):
+    if self.thresholds is not None or self.ignore_index is None or not self.preds:
         yield
         return
     preds, target = _list_state(self)
     if target.ndim != 1:  # a multilabel state: stock's own compute leaves its ignored entries out
         yield
         return
-    kept = target != self.ignore_index
+    kept = target != (IGNORED_ONE_HOT if _one_hot_state(self) else self.ignore_index)
     states = self.preds, self.target
     self.preds, self.target = [preds[kept]], [target[kept]]
     try:
@@ -538,7 +571,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     # ``nn.Module`` (raising and catching an AttributeError, microseconds) on every update
     normalization = self.__dict__.get("normalization", "sigmoid")
     if self.thresholds is None:
-        if self.ignore_index is not None and _keeps_ignored_entries(self, target):
+        if self.ignore_index is not None and _keeps_ignored_entries(target):
             preds, target = preds.flatten(), target.flatten()
             if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
                 preds = _probabilities(preds, target != self.ignore_index, normalization)
@@ -566,7 +599,10 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         )
     average = getattr(self, "average", None)
     if self.thresholds is None:
-        if self.ignore_index is not None and _keeps_ignored_entries(self, target):
+        # stock's ``one_hot`` reads the target range, with ``ignore_index`` or without
+        if average == "micro" and not _deferred.reads_are_free(target):
+            preds, target = _micro_list_state(preds, target, self.num_classes, self.ignore_index)
+        elif self.ignore_index is not None and _keeps_ignored_entries(target):
             preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
             preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
         else:
