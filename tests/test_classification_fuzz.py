@@ -150,3 +150,42 @@ def test_exact_match(task: str, data: Any, average: str, path: str) -> None:
         return torchmetrics.ExactMatch(task=task, multidim_average=average, ignore_index=batch["ignore_index"], **size)
 
     _assert_same(_run(make, [batch], None, None), _run(make, [batch], None, path))
+
+
+@FUZZ
+@given(data=st.data(), name=st.sampled_from(["ROC", "PrecisionRecallCurve"]), path=st.sampled_from(["cpu", "device"]))
+def test_unbinned_multiclass_micro_curve(data: Any, name: str, path: str) -> None:
+    """Micro-averaged unbinned curves: a sync-free update (device path) and stock's curve. Their compute has a
+    data-dependent length (it may read), so it runs outside the probe; on the device path a kept ignored entry's
+    softmax may differ from stock's in the last bit (CPU's vectorized exp depends on the position)."""
+    first = data.draw(_inputs("multiclass"))
+    batches = [first, *[data.draw(_inputs("multiclass")) for _ in range(data.draw(st.integers(0, 2)))]]
+    batches = [b for b in batches if b["classes"] == first["classes"] and b["ignore_index"] == first["ignore_index"]]
+    batches = [
+        {**b, "preds": b["preds"][..., 0], "target": b["target"][..., 0]} if b["target"].ndim > 1 else b
+        for b in batches
+    ]
+
+    def make() -> Any:
+        return getattr(torchmetrics, name)(
+            task="multiclass", num_classes=first["classes"], average="micro", ignore_index=first["ignore_index"]
+        )
+
+    def run(patched: bool) -> list[Tensor] | type[Exception]:
+        with torchmetrics_syncfree.patched() if patched else contextlib.nullcontext():
+            metric = make()
+            with SyncProbe() if patched and path == "device" else contextlib.nullcontext() as probe:
+                for batch in batches:
+                    metric.update(batch["preds"], batch["target"])
+            assert probe is None or probe.count == 0, probe.events
+            try:
+                return list(metric.compute())
+            except Exception as error:  # every target ignored: stock's compute fails on the empty state
+                return type(error)
+
+    stock, patched = run(False), run(True)
+    if isinstance(stock, type):
+        assert patched is stock
+    else:
+        assert isinstance(patched, list)
+        _assert_same(stock, patched, rtol=1e-6 if path == "device" and first["ignore_index"] is not None else 0.0)
