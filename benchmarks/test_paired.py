@@ -76,6 +76,8 @@ SIZED: tuple[tuple[Config, int], ...] = (
             # unbinned (the default): the CPU path computes with stock's functions, so these stay near 1
             "AUROC(task='multiclass', num_classes={classes})",
             "AveragePrecision(task='multiclass', num_classes={classes})",
+            # micro-averaged unbinned curve: one-hot list state (stock's update on CPU; its compute in forward)
+            "ROC(task='multiclass', num_classes={classes}, average='micro')",
         )
         for classes in (10, 1000)
         for batch in (32, 256)
@@ -290,6 +292,8 @@ DEVICE_PATH = tuple(
         ("AUROC(task='multiclass', num_classes=10)", "auto"),
         ("AUROC(task='multiclass', num_classes=1000)", "auto"),
         ("AveragePrecision(task='multilabel', num_labels=10)", "auto"),
+        # the micro one-hot list state by comparison with every class, against stock's mask and one_hot
+        ("ROC(task='multiclass', num_classes=10, average='micro', ignore_index=-1)", "auto"),
         # issue 11: forward computes the batch value (R2/Pearson: torch.where; Spearman: sort-based ranks)
         ("R2Score()", "auto"),
         ("PearsonCorrCoef()", "auto"),
