@@ -80,6 +80,19 @@ def test_short_names_cut_at_a_word():
     )
 
 
+def test_a_failed_run_reports_its_tracebacks_not_only_its_summary():
+    """CI keeps only what ``series.py`` prints: a failure that shows only there must bring its reason along."""
+    tracebacks = ["_ test_one _", *(f"frame {i}" for i in range(40)), "E   assert 1 == 2"]
+    summary = ["=== short test summary info ===", "FAILED test_one", "1 failed"]
+    run = ["collected", "=== FAILURES ===", *tracebacks, *summary]
+    report = series._report_lines(run, returncode=1)
+    assert report[: len(tracebacks) + 1] == ["=== FAILURES ===", *tracebacks]
+    assert report[-2:] == ["FAILED test_one", "1 failed"]
+    assert series._report_lines(run, returncode=0) == run[-15:]
+    long = ["=== FAILURES ===", *(f"line {i}" for i in range(500)), "=== short test summary info ===", "1 failed"]
+    assert len(series._report_lines(long, returncode=1)) == series.FAILURE_LINES + 3
+
+
 @needs_snapshots
 def test_series_applies_and_matches_the_layer(checkout: Path):
     """git am onto the snapshot, then every function the series changes is a layer target and vice versa."""

@@ -479,6 +479,32 @@ def upstream_tests_for(touched: Sequence[str], heavy: bool) -> list[str]:
     return paths
 
 
+#: lines of a failed pytest run's tracebacks that the log keeps (a failure that shows only in CI needs its reason)
+FAILURE_LINES = 200
+
+
+def _report_lines(lines: Sequence[str], returncode: int) -> list[str]:
+    """The last lines of a pytest run's output; after a failure, its ``FAILURES`` section (at most ``FAILURE_LINES``).
+
+    >>> _report_lines(["a", "=== FAILURES ===", "_ test _", "assert 0", "=== short test summary info ==="], 1)[:3]
+    ['=== FAILURES ===', '_ test _', 'assert 0']
+    >>> _report_lines(["x"] * 20, 0) == ["x"] * 15
+    True
+    """
+    tail = list(lines[-15:])
+    if returncode == 0:
+        return tail
+    starts = [i for i, line in enumerate(lines) if line.strip("= ") == "FAILURES" and line.startswith("=")]
+    ends = [i for i, line in enumerate(lines) if "short test summary info" in line]
+    if not starts:
+        return tail
+    end = min([i for i in ends if i > starts[0]] or [len(lines)])
+    failures = list(lines[starts[0] : end])
+    if len(failures) > FAILURE_LINES:
+        failures = [*failures[:FAILURE_LINES], f"... ({len(failures) - FAILURE_LINES} more lines of failures)"]
+    return failures + list(lines[max(end, len(lines) - 15) :])
+
+
 def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tuple[Outcomes, float]:
     """Run upstream's tests of ``tree`` against ``tree/src``, as upstream's CI does; returns outcomes and seconds.
 
@@ -510,8 +536,8 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
         result = subprocess.run(
             command, cwd=tree / "tests", env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        tail = result.stdout.decode(errors="replace").strip().splitlines()[-15:]
-        print("\n".join("    " + line for line in tail), flush=True)
+        lines = result.stdout.decode(errors="replace").strip().splitlines()
+        print("\n".join("    " + line for line in _report_lines(lines, result.returncode)), flush=True)
         outcomes.tests.update(Outcomes.read(part).tests)
     return outcomes, time.monotonic() - start
 
@@ -557,14 +583,13 @@ def _project_suites(stock: Path, patched: Path, touched: Sequence[str], workers:
     env = dict(os.environ, PYTHONPATH=str(stock / "src"), TORCHMETRICS_SYNCFREE_SERIES_TREE=str(patched))
     env["TORCHMETRICS_SYNCFREE_FORCE"] = "1"  # the snapshots' version is checked by the tree mode itself
     env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-m", "not cuda"]
-    command += ["-n", str(workers)] if workers > 1 else []
-    command += suites
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "--tb=short"]
+    command += ["-m", "not cuda", *(["-n", str(workers)] if workers > 1 else []), *suites]
     print("+", " ".join(command), "(in the project, tree mode)", flush=True)
     start = time.monotonic()
     result = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = result.stdout.strip().splitlines()
-    print("\n".join("    " + line for line in lines[-15:]), flush=True)
+    print("\n".join("    " + line for line in _report_lines(lines, result.returncode)), flush=True)
     return result.returncode == 0, time.monotonic() - start, lines[-1] if lines else ""
 
 
