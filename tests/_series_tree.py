@@ -164,6 +164,9 @@ def _simulate_device(deferred: ModuleType) -> None:
         return entry[1] if entry is not None and entry[0]() is metric else None
 
     def aging_sweep(metric: Any) -> None:
+        if deferred._quiet_time(metric):  # the tree's sweep does nothing there; and while dynamo traces, a lookup in
+            sweep(metric)  # ``_readers`` wraps the whole dict, which a metric's weakref callback may shrink meanwhile
+            return  # (CI saw "dictionary changed size during iteration" in a traced retrieval update)
         reader = reader_of(metric)
         if reader is not None and reader.in_flight:
             reader.age += 1

@@ -364,3 +364,30 @@ def test_cat_metric_compute_on_clean_state_reads_the_data_once_at_most(path: str
     metric = CatMetric(nan_strategy="ignore")
     metric.update(t([1.0, 2.0]))
     torch.testing.assert_close(metric.compute(), t([1.0, 2.0]))
+
+
+class _ReadersNotToTouch(dict):
+    """A registry of readers that fails any lookup: while dynamo traces, one wraps the whole dict, which a dying
+    metric's weakref callback may shrink meanwhile ("dictionary changed size during iteration", seen in CI)."""
+
+    def get(self, *args: Any) -> Any:
+        raise AssertionError("the readers were looked up while tracing")
+
+    __getitem__ = __contains__ = get
+
+
+def test_the_sweep_looks_up_no_reader_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tree mode: the series' sweep and the harness around it (``tests/_series_tree.py``); else the layer's."""
+    deferred = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred
+    with torchmetrics_syncfree.patched():
+        _deferred.force_device_path(True)
+        try:
+            metric = MeanMetric(nan_strategy="error")
+            metric.update(t([1.0]))  # counters and check kinds in place, a reader registered
+            monkeypatch.setattr(deferred, "_readers", _ReadersNotToTouch())
+            with pytest.raises(AssertionError, match="looked up"):  # the double fails where it should
+                deferred.sweep(metric)
+            monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+            deferred.sweep(metric)
+        finally:
+            _deferred.force_device_path(False)
