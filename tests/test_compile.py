@@ -8,6 +8,7 @@ counted in the metric's check counters and reported by ``compute()``/``reset()``
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -21,6 +22,7 @@ from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassPrecision, MulticlassRecall
 
 import torchmetrics_syncfree
+from tests import _series_tree
 from tests._aggregation_cases import STRATEGIES
 from tests._probing import graph_breaks
 from tests.conftest import cuda
@@ -274,3 +276,23 @@ def test_reduce_overhead_step_matches_stock() -> None:
     expected = _stock_values(outputs, "warn", True)
     for name, value in expected.items():
         torch.testing.assert_close(values[name].cpu(), value, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("make", "args"),
+    [
+        (lambda: MeanMetric(nan_strategy="error"), (torch.rand(8),)),
+        (lambda: MulticlassAccuracy(num_classes=5), (torch.rand(8, 5), torch.randint(0, 5, (8,)))),
+    ],
+    ids=["MeanMetric", "MulticlassAccuracy"],
+)
+def test_a_metric_made_before_patching_traces_without_breaks_after_its_first_update(make: Any, args: tuple) -> None:
+    """The README's word: such a metric gets its check counters at its first patched update (where a trace breaks:
+    ``add_state`` deep-copies a tensor); every later trace of its update is whole."""
+    if os.environ.get(_series_tree.TREE_ENV):
+        pytest.skip("metrics made before patch_all() are the layer's: the series has no patch_all()")
+    metric = make()
+    with torchmetrics_syncfree.patched():
+        assert graph_breaks(torch._dynamo.explain(lambda *a: metric.update(*a))(*args)) != []  # counters added here
+        torch._dynamo.reset()
+        assert _break_reasons(metric, args, {}) == []
