@@ -473,11 +473,11 @@ def _micro_list_state(
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
     preds, target = preds.transpose(0, 1).reshape(num_classes, -1).T, target.flatten()
     one_hot = (target.unsqueeze(1) == torch.arange(num_classes, device=target.device)).long()
-    if ignore_index is None:
-        return normalize_logits_if_needed(preds, "softmax").flatten(), one_hot.flatten()
-    ignored = (target == ignore_index).unsqueeze(1)
-    preds = _probabilities(preds, ~ignored, "softmax")  # stock's logits test: the kept rows only
-    return preds.flatten(), one_hot.masked_fill(ignored, IGNORED_ONE_HOT).flatten()
+    kept = None if ignore_index is None else (target != ignore_index).unsqueeze(1)
+    if kept is not None:
+        one_hot = one_hot.masked_fill(~kept, IGNORED_ONE_HOT)
+    # stock's logits test on the kept rows only (all of them without ``ignore_index``)
+    return _probabilities(preds, kept, "softmax").flatten(), one_hot.flatten()
 
 
 def _one_hot_state(self: Any) -> bool:
