@@ -383,3 +383,75 @@ def test_compute_group_members_and_copies_report_the_pending_error(syncfree: Any
             twin.reset()
         twin.update(*good)
         torch.testing.assert_close(twin.compute(), torch.tensor(1.0))
+
+
+def _micro_curve_world(rank: int, world_size: int) -> dict[str, Any]:
+    """Every rank updates a micro-averaged ROC with ``ignore_index=1`` on the device path: its list state keeps the
+    ignored rows (``IGNORED_ONE_HOT``), and ``compute`` gathers every rank's rows, then leaves those out."""
+    import torchmetrics_syncfree
+    from torchmetrics_syncfree import _deferred
+
+    torchmetrics_syncfree.patch_all()
+    _deferred.force_device_path(True)
+    metric = _make("ROC", "multiclass", None, 1, average="micro")
+    for preds, target in _batches("multiclass", 1, seed=30 + rank):
+        metric.update(preds, target)
+    kept = bool((dim_zero_cat(metric.target) == precision_recall_curve.IGNORED_ONE_HOT).any())
+    curve = metric.compute()
+    _deferred.force_device_path(False)
+    per_class = _make("ROC", "multiclass", None, 1)  # the CPU path: stock's update, the patched compute
+    for preds, target in _batches("multiclass", 1, seed=30 + rank):
+        per_class.update(preds, target)
+    return {"kept_ignored_rows": kept, "curve": curve, "per_class_cpu": per_class.compute()}
+
+
+@pytest.mark.slow  # two spawned ranks
+def test_multiclass_micro_state_with_ignored_rows_syncs_across_ranks_to_stocks_curve(tmp_path: Any) -> None:
+    """Also the per-class ROC with ``ignore_index`` on the CPU path: its compute found the synced state (a tensor, no
+    longer a list) ambiguous as a truth value, where stock computes."""
+    from tests import _ddp_world
+
+    world_size = 2
+    results = [
+        res["_micro_curve_world@gloo"]
+        for res in _ddp_world.run_world([("gloo", _micro_curve_world)], world_size, tmp_path)
+    ]
+    stock = _make("ROC", "multiclass", None, 1, average="micro")
+    for rank in range(world_size):  # gathered in rank order, each rank's batches in update order
+        for preds, target in _batches("multiclass", 1, seed=30 + rank):
+            stock.update(preds, target)
+    stock_per_class = _make("ROC", "multiclass", None, 1)
+    for rank in range(world_size):
+        for preds, target in _batches("multiclass", 1, seed=30 + rank):
+            stock_per_class.update(preds, target)
+    for res in results:
+        assert res["kept_ignored_rows"]  # the device path's state, not stock's masked one
+        for value, reference in zip(_flat(res["curve"]), _flat(stock.compute())):
+            torch.testing.assert_close(value, reference, rtol=1e-6, atol=0)
+        for value, reference in zip(_flat(res["per_class_cpu"]), _flat(stock_per_class.compute())):
+            torch.testing.assert_close(value, reference, rtol=0, atol=0)
+
+
+def test_multiclass_micro_curves_share_a_compute_group_with_ignored_rows_kept(syncfree: Any) -> None:
+    """ROC and PrecisionRecallCurve (micro, ``ignore_index=1``) hold the same list state: one compute group on the
+    device path too, each member's compute equal to stock's."""
+    data = _batches("multiclass", 1, seed=9)
+
+    def collection() -> torchmetrics.MetricCollection:
+        return torchmetrics.MetricCollection(
+            {name: _make(name, "multiclass", None, 1, average="micro") for name in ("ROC", "PrecisionRecallCurve")}
+        )
+
+    stock = collection()
+    for preds, target in data:
+        stock.update(preds, target)
+    with SyncProbe() as probe:
+        patched = collection()
+        for preds, target in data:
+            patched.update(preds, target)
+        assert probe.count == 0
+        assert patched.compute_groups == stock.compute_groups == {0: ["PrecisionRecallCurve", "ROC"]}
+        values = patched.compute()
+    for name, reference in stock.compute().items():
+        for value, expected in zip(_flat(values[name]), _flat(reference)):
+            torch.testing.assert_close(value, expected, rtol=1e-6, atol=0)

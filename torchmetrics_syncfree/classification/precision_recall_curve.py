@@ -496,7 +496,8 @@ def _ignored_entries_dropped(self: Any) -> Iterator[None]:
     through ROC), and AUROC/AveragePrecision where reads are free: a compute may read where its result's shape depends
     on the data.
     """
-    if self.thresholds is not None or self.ignore_index is None or not self.preds:
+    # ``len``, not truth: after a DDP sync the list states are concatenated tensors (``not tensor`` raises)
+    if self.thresholds is not None or self.ignore_index is None or len(self.preds) == 0:
         yield
         return
     preds, target = _list_state(self)
