@@ -46,6 +46,7 @@ from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
 from torchmetrics_syncfree import probe
+from torchmetrics_syncfree._states import read_only
 
 #: The metric state holding one counter per kind of check.
 STATE = "_deferred_checks"
@@ -231,6 +232,21 @@ def _ensure_counters(metric: Any, kind: Check) -> Tensor:
         if counters.numel() != 1:
             raise ValueError(f"{type(metric).__name__} has no counter for the check {kind.message!r}")
         object.__setattr__(metric, KINDS, (kind,))  # the metric's setting changed since it was made
+    return _writable(metric, counters)
+
+
+def _writable(metric: Any, counters: Tensor) -> Tensor:
+    """``counters``, or, where they cannot be written in place now, a normal copy installed in their place.
+
+    A ``reset()`` or ``forward()`` under ``torch.inference_mode()`` (Lightning's evaluation) makes the states, the
+    counters among them, inference tensors, which no in-place op may write outside inference mode. Stock's own states
+    fail there or not as stock's code decides; the counters are ours and must never be the reason a metric fails.
+    Never while tracing (:func:`~torchmetrics_syncfree._states.read_only`).
+    """
+    if not read_only(counters):
+        return counters
+    counters = counters.clone()  # outside inference mode, a copy of an inference tensor is a normal tensor
+    setattr(metric, STATE, counters)
     return counters
 
 
@@ -270,6 +286,8 @@ def record_in_compute(metric: Any, kind: Check, count: Tensor) -> None:
     cache = metric.__dict__.get("_cache")
     if getattr(metric, "_is_synced", False) and cache and STATE in cache and not reads_are_free(count):
         _ensure_counters(metric, kind)
+        if read_only(cache[STATE]):
+            cache[STATE] = cache[STATE].clone()  # as ``_writable``: restored by ``unsync()``, written here
         cache[STATE][_slot(metric, kind)].add_(count)
         return
     record(metric, kind, count)
@@ -288,8 +306,12 @@ _zero: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def mark_zero(counters: Tensor) -> None:
-    """Remember that ``counters`` are all zero now, so that an eager point need not read them (CPU only)."""
-    if counters.is_cpu and not _surely_zero(counters):
+    """Remember that ``counters`` are all zero now, so that an eager point need not read them.
+
+    CPU only, and not for an inference tensor (made under ``torch.inference_mode()``): it has no version counter
+    to tell a later write, so such counters are read at the next eager point, as CUDA counters always are.
+    """
+    if counters.is_cpu and not counters.is_inference() and not _surely_zero(counters):
         key = id(counters)
         _zero[key] = (weakref.ref(counters, lambda _, key=key: _zero.pop(key, None)), counters._version)
 
@@ -343,8 +365,10 @@ class _Reader:
 
     def __init__(self, counters: Tensor) -> None:
         self.device = counters.device
-        self.snapshot = torch.zeros_like(counters)
-        self.host = torch.zeros(counters.shape, dtype=counters.dtype, pin_memory=counters.is_cuda)
+        # normal tensors, even when made under inference mode: the reader copies into them in every mode
+        with torch.inference_mode(False):
+            self.snapshot = torch.zeros(counters.shape, dtype=counters.dtype, device=counters.device)
+            self.host = torch.zeros(counters.shape, dtype=counters.dtype, pin_memory=counters.is_cuda)
         self.event: Any = torch.cuda.Event() if counters.is_cuda else None
         self.in_flight = False
         self.age = 0  # sweeps since the launch (for a simulated device's copy delay)
@@ -419,6 +443,7 @@ def sweep(metric: Any) -> None:
     kinds = metric.__dict__.get(KINDS)
     if not kinds or _quiet_time(metric) or _reports_at_sync(metric):
         return
+    counters = _writable(metric, counters)  # the reader consumes what it reports from them in place
     reader = _reader(metric, counters)
     counts: list[int] = []
     if reader.in_flight:
@@ -465,10 +490,13 @@ def take_pending(metric: Any) -> list[int] | None:
     if not any(counts):
         mark_zero(counters)
         return None
+    counters = _writable(metric, counters)
     counters.zero_()
     mark_zero(counters)
     if metric._is_synced and metric._cache and STATE in metric._cache:
-        metric._cache[STATE].zero_()  # the rank's own counts, restored by unsync(): reported with the synced sum
+        # the rank's own counts, restored by unsync(): reported with the synced sum
+        own = metric._cache[STATE]
+        metric._cache[STATE] = torch.zeros_like(own) if read_only(own) else own.zero_()
     return counts
 
 

@@ -47,6 +47,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._states import add_to_states, read_only
 
 _MODULE = "torchmetrics.aggregation"
 #: torchmetrics 1.6 gave NaN positions the fill value as weight too; 1.7 (PR #2943) changed that to 1.
@@ -212,18 +213,22 @@ def _mean_fold(self: Any, value: float | Tensor, weight: float | Tensor | None) 
     # and what a CUDA graph replays
     if weight is None:
         if mask is None:
-            self.mean_value.add_(value.sum())
-            self.weight.add_(value.numel())
+            add_to_states(self, _MEAN_STATES, (value.sum(), value.numel()))
         else:
-            self.mean_value.add_(value.masked_fill(mask, 0.0).sum())
-            self.weight.add_(mask.logical_not().sum(dtype=self.weight.dtype))
+            add_to_states(
+                self,
+                _MEAN_STATES,
+                (value.masked_fill(mask, 0.0).sum(), mask.logical_not().sum(dtype=self.weight.dtype)),
+            )
         return
     if mask is not None:
         # both factors masked, not their product: a NaN weight must not reach the gradient of the value (0 * NaN)
         value = value.masked_fill(mask, 0.0)
         weight = weight.masked_fill(mask, 0.0)
-    self.mean_value.add_((value * weight).sum())
-    self.weight.add_(weight.sum())
+    add_to_states(self, _MEAN_STATES, ((value * weight).sum(), weight.sum()))
+
+
+_MEAN_STATES = ("mean_value", "weight")
 
 
 def _update_single(
@@ -241,17 +246,18 @@ def _update_single(
 
 @replaces(f"{_MODULE}.SumMetric.update", params=("self", "value"), kind="metric_method")
 def _sum_update(self: Any, value: float | Tensor) -> None:
-    _update_single(self, "SumMetric.update", value, 0.0, lambda v: self.sum_value.add_(v.sum()))
+    _update_single(self, "SumMetric.update", value, 0.0, lambda v: add_to_states(self, ("sum_value",), (v.sum(),)))
 
 
 def _fold_extreme(metric: Any, name: str, extreme: Callable[[Tensor, Tensor], Tensor], batch: Tensor) -> None:
     """``state = extreme(state, batch)``, in place unless autograd records it (``forward`` with ``_enable_grad``).
 
     In place, the state tensor that a CUDA graph captured is the one that holds the result after every replay;
-    autograd needs the old state kept for the backward pass of ``extreme``.
+    autograd needs the old state kept for the backward pass of ``extreme``; a state made under inference mode cannot
+    be written outside it (:func:`~torchmetrics_syncfree._states.read_only`).
     """
     state = getattr(metric, name)
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or read_only(state):
         setattr(metric, name, extreme(state, batch))
     else:
         state.copy_(extreme(state, batch))

@@ -58,6 +58,7 @@ from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
     _check_binary_values,
     _checked_init,
@@ -226,7 +227,7 @@ def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
 
 def _confmat_update(self: Any, invalid: Tensor | None, confmat: Tensor) -> None:
     (confmat,) = _without_invalid(invalid, confmat)
-    self.confmat.add_(confmat)
+    add_to_states(self, ("confmat",), (confmat,))
     _deferred.sweep(self)
 
 

@@ -35,6 +35,7 @@ from torchmetrics.functional.classification.stat_scores import _multiclass_stat_
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
     _checked_init,
     _multiclass_stat_scores_tensor_validation,
@@ -100,8 +101,7 @@ def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Ten
         self.total = total
     else:
         correct, total = _without_invalid(invalid, correct, total)
-        self.correct.add_(correct)
-        self.total.add_(total)
+        add_to_states(self, ("correct", "total"), (correct, total))
     _deferred.sweep(self)
 
 

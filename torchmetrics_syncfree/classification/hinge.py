@@ -45,6 +45,7 @@ from torchmetrics.functional.classification.hinge import _binary_hinge_loss_upda
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.confusion_matrix import (
     _binary_confusion_matrix_tensor_validation,
     _probabilities,
@@ -179,8 +180,7 @@ def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Te
         if not isinstance(total, Tensor):
             total = torch.full((), total, dtype=self.total.dtype, device=measures.device)
         measures, total = _without_invalid(invalid, measures, total)
-    self.measures.add_(measures)
-    self.total.add_(total)
+    add_to_states(self, ("measures", "total"), (measures, total))
     _deferred.sweep(self)
 
 

@@ -63,6 +63,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.confusion_matrix import _cells, _probabilities
 from torchmetrics_syncfree.classification.stat_scores import (
     _checked_init,
@@ -430,7 +431,7 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
     """Stock's state update: binned counts added in place (a batch left out when invalid), else the lists appended."""
     if isinstance(state, Tensor):
         (state,) = _without_invalid(invalid, state)
-        self.confmat.add_(state)
+        add_to_states(self, ("confmat",), (state,))
     else:
         # stock's list states (thresholds=None): which entries of an invalid batch are bad is not known on the device
         # path, so the batch is appended as it is; its error is raised at the next eager point (by compute() at the

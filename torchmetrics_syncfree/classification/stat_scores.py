@@ -91,6 +91,7 @@ from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._states import add_to_states
 
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
@@ -685,11 +686,11 @@ def _update_state(self: Any, tp: Tensor, fp: Tensor, tn: Tensor, fn: Tensor) -> 
     """Stock's state update, in place for tensor states: the tensors a CUDA graph captured hold the result."""
     if self.multidim_average == "samplewise" or isinstance(self.tp, list):
         return _stock(f"{_MODULE}._AbstractStatScores._update_state")(self, tp, fp, tn, fn)
-    self.tp.add_(tp)
-    self.fp.add_(fp)
-    self.tn.add_(tn)
-    self.fn.add_(fn)
+    add_to_states(self, _STAT_STATES, (tp, fp, tn, fn))
     return None
+
+
+_STAT_STATES = ("tp", "fp", "tn", "fn")
 
 
 @replaces(f"{_MODULE}._AbstractStatScores._create_state", params=("self", "size", "multidim_average"))

@@ -36,6 +36,7 @@ from torchmetrics.functional.regression.r2 import _r2_score_update
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._states import read_only
 from torchmetrics_syncfree.classification.stat_scores import _stock
 
 _MODULE = "torchmetrics.regression.r2"
@@ -86,10 +87,11 @@ def add_to_state(metric: Any, name: str, value: Tensor | int) -> None:
     """Stock's ``state = state + value``, in place where that keeps the state's dtype and shape.
 
     In place there is no new tensor and no ``nn.Module.__setattr__`` (most of the update's host time); elsewhere
-    stock's new tensor (a float64 batch promotes the state, the first multi-output batch broadcasts it).
+    stock's new tensor (a float64 batch promotes the state, the first multi-output batch broadcasts it, a state made
+    under inference mode is read-only outside it: :func:`~torchmetrics_syncfree._states.read_only`).
     """
     state = metric.__dict__[name] if name in metric.__dict__ else getattr(metric, name)
-    if isinstance(value, int) or (value.dtype == state.dtype and value.shape == state.shape):
+    if (isinstance(value, int) or (value.dtype == state.dtype and value.shape == state.shape)) and not read_only(state):
         state.add_(value)
     else:
         setattr(metric, name, state + value)

@@ -1,0 +1,223 @@
+"""Metrics across ``torch.inference_mode()`` / ``torch.no_grad()`` epochs, as Lightning runs them, against stock.
+
+Lightning evaluates under ``torch.inference_mode()`` (``Trainer(inference_mode=False)``: ``torch.no_grad()``) and
+trains in normal mode; a metric object lives through all of it: the sanity check, training epochs, validation epochs,
+``trainer.validate`` and ``trainer.test`` afterwards. States made by a ``reset()`` inside inference mode are
+inference tensors: they track no version counter and cannot be written in place outside inference mode. Stock
+TorchMetrics runs these sequences (or fails them in its own way: an in-place update of an inference state outside
+inference mode raises there too); the patched metric must do exactly what stock does, step by step, on both paths.
+
+Every catalogue configuration runs every sequence stock and patched: each step's value (``forward``, ``compute``)
+must be stock's to the bit (dtype, shape and device included), a step where stock raises must raise the same
+exception type, and the sequence ends there for both.
+
+One deliberate deviation: stock's metrics that add to their states in place (``MeanMetric``, ``SumMetric``, the
+confusion-matrix family, ...) raise ``RuntimeError: Inplace update to inference tensor outside InferenceMode`` when
+updated in normal mode after a ``reset()`` under inference mode, while those that make new tensors
+(``BinaryAccuracy``, ``MaxMetric``, ...) run on. The patched metrics all run on; their values are stock's for the
+same sequence with ``torch.no_grad()`` in place of ``torch.inference_mode()`` (the same arithmetic, without inference
+tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+from torchmetrics.classification import BinaryAccuracy
+
+import torchmetrics_syncfree
+from torchmetrics_syncfree import _deferred, audit
+
+#: Grad modes of Lightning's stages: training, evaluation (the default) and evaluation with ``inference_mode=False``
+MODES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "train": contextlib.nullcontext,
+    "inference": torch.inference_mode,
+    "no_grad": torch.no_grad,
+}
+
+#: One stage: its grad mode and its calls (``forward``/``update``, then the epoch end's ``compute`` and ``reset``)
+Stage = tuple[str, tuple[str, ...]]
+_EPOCH_END = ("compute", "reset")
+#: Lightning's sequences for one metric object: validation metrics logged through ``forward`` (``self.log(name,
+#: metric)``) or ``update``; ``fit`` (sanity check, then train/validation epochs), then ``validate`` and ``test``
+SEQUENCES: dict[str, tuple[Stage, ...]] = {
+    "fit-validate-test-forward": (
+        ("inference", ("forward", "forward", *_EPOCH_END)),  # sanity check
+        ("train", ("forward", "forward", *_EPOCH_END)),
+        ("inference", ("forward", "forward", *_EPOCH_END)),
+        ("train", ("forward", "forward", *_EPOCH_END)),
+        ("inference", ("forward", "forward", *_EPOCH_END)),
+        ("inference", ("forward", "forward", *_EPOCH_END)),  # trainer.validate
+        ("inference", ("forward", *_EPOCH_END)),  # trainer.test
+    ),
+    "fit-validate-update": (
+        ("inference", ("update", "update", *_EPOCH_END)),
+        ("inference", ("update", "forward", *_EPOCH_END)),
+        ("train", ("forward", "update", *_EPOCH_END)),
+        ("inference", ("update", "update", *_EPOCH_END)),
+    ),
+    # a metric reset under inference mode, then updated in normal mode: stock's in-place updates raise here
+    "train-after-inference-reset": (
+        ("inference", ("update", "forward", *_EPOCH_END)),
+        ("train", ("update", "forward", *_EPOCH_END)),
+        ("inference", ("forward", *_EPOCH_END)),
+    ),
+    "no-grad-evaluation": (
+        ("no_grad", ("forward", "forward", *_EPOCH_END)),
+        ("train", ("forward", "update", *_EPOCH_END)),
+        ("no_grad", ("update", "forward", *_EPOCH_END)),
+        ("inference", ("forward", *_EPOCH_END)),
+        ("no_grad", ("forward", *_EPOCH_END)),
+    ),
+}
+
+#: the paths of the patched code: the CPU path; the GPU's, with the checks' host copy arriving at every sweep and
+#: with it still in flight (a GPU a step behind)
+PATHS = ("cpu", "device", "device-in-flight")
+
+
+@contextlib.contextmanager
+def _path(path: str) -> Iterator[None]:
+    if path == "cpu":
+        yield
+        return
+    _deferred.force_device_path(True)
+    try:
+        with _deferred.simulated_copy_delay(None if path == "device-in-flight" else 0):
+            yield
+    finally:
+        _deferred.force_device_path(False)
+
+
+#: what stock raises for an in-place update of a state made under inference mode, outside inference mode
+STOCK_INFERENCE_STATE_ERROR = "Inplace update to inference tensor outside InferenceMode"
+
+
+def _run(config: audit.Config, sequence: tuple[Stage, ...], modes: dict[str, Any] = MODES) -> list[tuple[str, Any]]:
+    """Each step's outcome: ``("value", output)`` or ``("raised", exception)``; the first exception ends it."""
+    metric = audit.build_metric(config.spec)
+    outcomes: list[tuple[str, Any]] = []
+    seed = 0
+    for mode, calls in sequence:
+        with modes[mode]():
+            for call in calls:
+                seed += 1
+                try:
+                    if call in ("update", "forward"):
+                        args, kwargs = audit.make_inputs(config.inputs, metric, torch.device("cpu"), seed=seed)
+                        output = getattr(metric, call)(*args, **kwargs) if call == "update" else metric(*args, **kwargs)
+                    else:
+                        output = getattr(metric, call)()
+                except Exception as err:  # any exception stock raises is part of the outcome
+                    outcomes.append(("raised", err))
+                    return outcomes
+                outcomes.append(("value", _detached(output)))
+    return outcomes
+
+
+def _detached(output: Any) -> Any:
+    if isinstance(output, Tensor):
+        return output.detach().clone()
+    if isinstance(output, (list, tuple)):
+        return type(output)(_detached(item) for item in output)
+    if isinstance(output, dict):
+        return {key: _detached(item) for key, item in output.items()}
+    return output
+
+
+def _assert_same(patched: Any, stock: Any, where: str, bitwise: bool) -> None:
+    """``patched`` is ``stock``: tensors of the same dtype, shape and device, equal to the bit or (``bitwise=False``)
+    within float rounding."""
+    if isinstance(stock, Tensor):
+        assert isinstance(patched, Tensor), where
+        assert (patched.dtype, patched.shape, patched.device) == (stock.dtype, stock.shape, stock.device), where
+        if bitwise:
+            assert torch.equal(patched.isnan(), stock.isnan()), where
+            assert torch.equal(patched.nan_to_num(), stock.nan_to_num()), f"{where}: {patched} != {stock}"
+        else:
+            torch.testing.assert_close(patched, stock, equal_nan=True, msg=lambda msg: f"{where}: {msg}")
+    elif isinstance(stock, (list, tuple)):
+        assert type(patched) is type(stock) and len(patched) == len(stock), where
+        for i, (p, s) in enumerate(zip(patched, stock)):
+            _assert_same(p, s, f"{where}[{i}]", bitwise)
+    elif isinstance(stock, dict):
+        assert patched.keys() == stock.keys(), where
+        for key in stock:
+            _assert_same(patched[key], stock[key], f"{where}[{key!r}]", bitwise)
+    else:
+        assert patched == stock, where
+
+
+def _steps(sequence: tuple[Stage, ...]) -> list[str]:
+    return [f"{mode}.{call}" for mode, calls in sequence for call in calls]
+
+
+_CONFIGS = [pytest.param(config, id=config.label) for config in audit.CATALOGUE]
+
+
+@pytest.mark.parametrize("config", _CONFIGS)
+@pytest.mark.parametrize("sequence", list(SEQUENCES))
+def test_lightning_stage_sequences_match_stock(config: audit.Config, sequence: str) -> None:
+    stages = SEQUENCES[sequence]
+    steps = _steps(stages)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # which warnings reach the user, and when, is tested per area
+        stock = _run(config, stages)
+        references = {"stock": stock}
+        if stock[-1][0] == "raised" and STOCK_INFERENCE_STATE_ERROR in str(stock[-1][1]):
+            # the deviation (module docstring): a patched in-place update runs on; stock's own update raises as stock
+            references["stock under no_grad"] = _run(config, stages, modes={**MODES, "inference": torch.no_grad})
+        with torchmetrics_syncfree.patched():
+            for path in PATHS:
+                with _path(path):
+                    patched = _run(config, stages)
+                kinds = [kind for kind, _ in patched]
+                matching = [name for name, ref in references.items() if [kind for kind, _ in ref] == kinds]
+                assert matching, f"{path}: patched {patched[-1]} at {steps[len(patched) - 1]}; " + ", ".join(
+                    f"{name}: {ref[-1]} at {steps[len(ref) - 1]}" for name, ref in references.items()
+                )
+                reference = references[matching[0]]
+                for step, (kind, value), (_, expected) in zip(steps, patched, reference):
+                    where = f"{path} {step} (against {matching[0]})"
+                    if kind == "value":
+                        # the device path's fixed-shape computes (curves, retrieval, Perplexity with ignore_index) sum
+                        # in another order than stock's: bit parity there is tests/test_strided_parity.py's subject
+                        _assert_same(value, expected, where, bitwise=path == "cpu")
+                    else:
+                        assert type(value) is type(expected), f"{where}: {value!r} raised, expected {expected!r}"
+
+
+def test_the_sequences_cover_each_mode_transition() -> None:
+    """The matrix is only as good as its sequences: every pair of grad modes follows one another somewhere."""
+    transitions = set()
+    for stages in SEQUENCES.values():
+        modes = [mode for mode, _ in stages]
+        transitions |= set(itertools.pairwise(modes))
+    assert transitions >= {(a, b) for a in MODES for b in MODES if a != b}
+
+
+def test_a_metric_reset_under_inference_mode_is_used_there_again() -> None:
+    """Issue 25's snippet, on every path: a validation metric's second epoch under inference mode."""
+    preds, target = torch.rand(16), torch.randint(0, 2, (16,))
+    expected = []
+    for patched in (False, True):
+        with torchmetrics_syncfree.patched() if patched else contextlib.nullcontext():
+            for path in PATHS if patched else ("cpu",):
+                with _path(path):
+                    metric = BinaryAccuracy()
+                    values = []
+                    for _ in range(2):
+                        with torch.inference_mode():
+                            metric(preds, target)
+                            values.append(metric.compute())
+                            metric.reset()
+                    if not patched:
+                        expected = values
+                    assert values == expected, path

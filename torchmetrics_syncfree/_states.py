@@ -1,0 +1,59 @@
+"""Metric states written in place, and the one case where they cannot be: inference tensors outside inference mode.
+
+The patched updates add to a metric's tensor states in place (``add_``), where stock TorchMetrics mostly makes new
+tensors (``self.tp = self.tp + tp``): in place, the tensors a captured CUDA graph holds are the ones that hold the
+result after every replay, and no new tensor is allocated per update.
+
+States made by a ``reset()`` or ``forward()`` under ``torch.inference_mode()`` (Lightning's evaluation) are inference
+tensors, which no in-place op may write outside inference mode: a validation metric reset at the end of its epoch
+and then updated in a training step would raise where stock's out-of-place update runs. :func:`add_to_states` makes
+new tensors there, as stock does; everywhere else it writes in place.
+
+Example:
+    >>> import torch
+    >>> from torchmetrics import SumMetric
+    >>> from torchmetrics_syncfree._states import add_to_states, read_only
+    >>> metric = SumMetric()
+    >>> with torch.inference_mode():
+    ...     metric.reset()
+    >>> read_only(metric.sum_value)
+    True
+    >>> add_to_states(metric, ("sum_value",), (torch.tensor(2.0),))
+    >>> metric.sum_value, read_only(metric.sum_value)
+    (tensor(2.), False)
+
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# the same test as ``_deferred.reads_are_free``'s: folded to True while dynamo traces
+_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+
+
+def read_only(tensor: Tensor) -> bool:
+    """Whether no in-place op may write ``tensor`` now: an inference tensor outside inference mode.
+
+    Always ``False`` while dynamo traces: ``Tensor.is_inference()`` cannot be traced (a graph break), and the traced
+    code keeps its in-place form.
+    """
+    return not _is_dynamo_compiling() and tensor.is_inference() and not torch.is_inference_mode_enabled()
+
+
+def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -> None:
+    """``metric.<name> += value`` for each state name: in place, or as new tensors where the states are read-only.
+
+    The states of one metric are made together (by ``reset()``, ``forward()`` or the constructor), so the first one
+    tells for all of them.
+    """
+    if read_only(getattr(metric, names[0])):
+        for name, value in zip(names, values):
+            setattr(metric, name, getattr(metric, name) + value)
+        return
+    for name, value in zip(names, values):
+        getattr(metric, name).add_(value)
