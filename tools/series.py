@@ -235,9 +235,11 @@ DDP_PROJECT_TESTS = (
     "tests/test_distributed.py::test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu",
 )
 AGGREGATION_PROJECT_TESTS = ("tests/test_aggregation_parity.py", "tests/test_aggregation_syncs.py")
-#: the deferred checks through a metric's life (forward, reset, copies, compute groups, DDP) and under torch.compile
+#: the deferred checks through a metric's life (forward, reset, copies, compute groups, DDP, inference-mode epochs)
+#: and under torch.compile
 DEFERRED_PROJECT_TESTS = (
     "tests/test_deferred_lifecycle.py",
+    "tests/test_lifecycle_modes.py",
     "tests/test_deferred_ddp.py",
     "tests/test_compile.py",
 )
