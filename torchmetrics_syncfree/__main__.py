@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from torchmetrics_syncfree import gpu_check
@@ -107,6 +108,15 @@ def _audit_parser(sub: argparse._SubParsersAction) -> None:
         help="what --metric metrics are updated with (default: chosen from the metric's family)",
     )
     p.add_argument("--catalogue", action="store_true", help="audit the catalogue as well as the --metric metrics")
+    p.add_argument(
+        "--launches",
+        action="store_true",
+        help="count kernel launches per update()/forward() instead (stock vs the patched device path, copy in"
+        " flight) for the catalogue at --classes; exit 1 with --strict if a patched call is over its budget",
+    )
+    p.add_argument(
+        "--classes", type=int, nargs="+", default=[10, 1000], help="class counts of --launches (default: 10 1000)"
+    )
     p.add_argument("--device", default="cpu", help="cpu (would-be syncs) or cuda (real syncs)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--no-sources", action="store_true", help="only the table, not the source line of each sync")
@@ -177,6 +187,9 @@ def run_audit_command(args: argparse.Namespace) -> int:
     """Run the audit, print tables or JSON; exit status 2 if it cannot run, 1 if ``--strict`` fails."""
     from torchmetrics_syncfree import audit
 
+    if args.launches:
+        return _run_launch_audit(args)
+
     def progress(index: int, total: int, label: str) -> None:
         if sys.stderr.isatty():
             sys.stderr.write(f"\r\033[Kaudit {index + 1}/{total}: {label}")
@@ -201,6 +214,30 @@ def run_audit_command(args: argparse.Namespace) -> int:
     bad = audit.patched_syncs(results)
     if args.strict and bad:
         print(f"\n--strict: patched update()/forward() still syncs for: {'; '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_launch_audit(args: argparse.Namespace) -> int:
+    from torchmetrics_syncfree import audit
+
+    try:
+        results = audit.launch_audit(args.classes, args.metric)
+    except (audit.SpecError, RuntimeError) as err:
+        print(f"torchmetrics-syncfree audit: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        payload = [
+            {"config": r.config.label, "classes": r.classes, "launches": r.launches, "ops": r.ops} for r in results
+        ]
+        print(json.dumps(payload, indent=2))
+    else:
+        print(audit.format_launch_table(results))
+    over = [
+        f"{r.config.label} ({r.classes}) {call}" for r in results for call in audit.LAUNCH_CALLS if r.over_budget(call)
+    ]
+    if args.strict and over:
+        print(f"\n--strict: over the launch budget: {'; '.join(over)}", file=sys.stderr)
         return 1
     return 0
 

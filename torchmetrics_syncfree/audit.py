@@ -357,8 +357,9 @@ def _nan_strategies() -> list[Any]:
     return [*strategies, 0.0]
 
 
-def catalogue() -> list[Config]:
-    """Common metric configurations for the installed TorchMetrics release."""
+def catalogue(num_classes: int = NUM_CLASSES, num_labels: int = NUM_LABELS) -> list[Config]:
+    """Common metric configurations for the installed TorchMetrics release (classification at the given sizes)."""
+    NUM_CLASSES, NUM_LABELS = num_classes, num_labels
     configs = [
         Config("MeanMetric()", "loss"),
         Config("MeanMetric()", "float"),
@@ -540,6 +541,94 @@ def audit(
             progress(index, len(configs), config.label)
         results.append(audit_config(config, device))
     return results
+
+
+# ----------------------------------------------------------------------------------------------- launches
+
+#: class counts of the launch audit (``--launches``): the sizes users have
+LAUNCH_CLASSES = (10, 1000)
+LAUNCH_CALLS = ("update", "forward")
+
+
+@dataclass
+class LaunchResult:
+    """Kernel launches of one ``update`` and one ``forward`` (steady state), stock vs the patched device path."""
+
+    config: Config
+    classes: int
+    launches: dict[str, dict[str, int]] = field(default_factory=dict)  # mode -> call -> launches
+    ops: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # mode -> call -> op -> launches
+
+    def budget(self, call: str) -> int:
+        """The most launches the patched ``call`` may take: the larger of 1.25x stock's and stock's + 4."""
+        stock = self.launches["stock"][call]
+        return max(int(stock * 1.25), stock + 4)
+
+    def over_budget(self, call: str) -> bool:
+        """Whether the patched ``call`` launches more than :meth:`budget` allows."""
+        return self.launches["patched"][call] > self.budget(call)
+
+
+def _count_call_launches(config: Config) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    from torchmetrics_syncfree.launches import count_launches
+
+    metric = build_metric(config.spec)
+    args, kwargs = make_inputs(config.inputs, metric, torch.device("cpu"))
+    metric.update(*args, **kwargs)  # warm-up: first-update effects are not what a training loop pays per step
+    counts, ops = {}, {}
+    counts["update"], update_ops = count_launches(metric.update, *args, **kwargs)
+    counts["forward"], forward_ops = count_launches(metric, *args, **kwargs)
+    ops["update"], ops["forward"] = dict(update_ops), dict(forward_ops)
+    return counts, ops
+
+
+def launch_audit(class_counts: Sequence[int] = LAUNCH_CLASSES, specs: Sequence[str] = ()) -> list[LaunchResult]:
+    """Launches per ``update``/``forward`` of the catalogue at each class count (and ``specs``), stock vs patched.
+
+    Patched is the device path (what a GPU runs: ``force_device_path``) with the check counters' host copy still in
+    flight (a GPU a step behind: the end-of-update sweep launches no copy while one is under way). Stock TorchMetrics
+    must be active.
+    """
+    from torchmetrics_syncfree import _deferred
+
+    _require_stock()
+    _registry._load_areas()
+    results = [
+        LaunchResult(config, classes)
+        for classes in class_counts
+        for config in [*catalogue(classes, classes), *(Config(spec) for spec in specs)]
+    ]
+    for mode in MODES:
+        with _mode(mode), _deferred.simulated_copy_delay(None):
+            _deferred.force_device_path(mode == "patched")
+            try:
+                for result in results:
+                    result.launches[mode], result.ops[mode] = _count_call_launches(result.config)
+            finally:
+                _deferred.force_device_path(False)
+    return results
+
+
+def format_launch_table(results: Sequence[LaunchResult]) -> str:
+    """One row per configuration and class count; totals per call; ``!`` marks a patched call over its budget."""
+    width = max(len(r.config.label) for r in results)
+    lines = [f"{'configuration':<{width}}  classes  update stock/patched  forward stock/patched"]
+    for r in results:
+        cells = []
+        for call in LAUNCH_CALLS:
+            stock, patched = r.launches["stock"][call], r.launches["patched"][call]
+            cells.append(f"{stock:>6} /{patched:>4}{' !' if r.over_budget(call) else '  '}")
+        lines.append(f"{r.config.label:<{width}}  {r.classes:>7}  {cells[0]:<20}  {cells[1]}")
+    for call in LAUNCH_CALLS:
+        stock = sum(r.launches["stock"][call] for r in results)
+        patched = sum(r.launches["patched"][call] for r in results)
+        more = sum(r.launches["patched"][call] > r.launches["stock"][call] for r in results)
+        over = sum(r.over_budget(call) for r in results)
+        lines.append(
+            f"{call}: {stock} launches stock, {patched} patched ({patched / stock:.2f}x); {more} of {len(results)}"
+            f" configurations launch more than stock, {over} over the budget (max(1.25x, +4))"
+        )
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------- reporting
