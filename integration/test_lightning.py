@@ -114,15 +114,19 @@ def test_patched_metrics_log_the_same_values_as_stock():
 # trainer.test() under torch.inference_mode() unless Trainer(inference_mode=False). A metric reset there (forward's
 # internal reset, or Lightning's at the epoch's end) gets inference tensors as its states and check counters, and the
 # next update, forward or reset must still work on them: the patched metrics raised "Inference tensors do not track
-# version counter." in the first trainer.validate() after fit. The sequence runs validate and test twice, so that the
-# second runs start from states reset under inference mode.
+# version counter." in the first trainer.validate() after fit. Two sequences: fit, then validate and test twice (the
+# second runs start from states reset under inference mode); and validate before fit (a baseline of the untrained
+# model), whose sanity check updates, under no_grad, states reset under inference mode.
 
 EPOCHS = 3
 NUM_CLASSES = 3
-#: logged through forward (the batch value on the step, the accumulated value on the epoch)
-FORWARD_LOGGED = ("loss", "acc_macro", "auroc_binned", "mse")
-#: logged through update (the epoch value only, computed by Lightning at the epoch's end)
-UPDATE_LOGGED = ("f1_macro", "binary_acc", "kappa")
+#: the trainer calls of each sequence, and the metrics it logs through update (the others through forward)
+SEQUENCES = {
+    "fit-validate-test-x2": (("fit", "validate", "test", "validate", "test"), ("f1_macro", "binary_acc", "kappa")),
+    # stock's CohenKappa, MeanMetric, binned AUROC and MSE updates write their states in place, which an inference
+    # tensor forbids outside inference mode (stock raises); their forward makes new states, so they log through it
+    "validate-fit-validate-test": (("validate", "fit", "validate", "test"), ("f1_macro", "binary_acc")),
+}
 
 
 def _eval_metrics() -> torch.nn.ModuleDict:
@@ -141,6 +145,21 @@ def _eval_metrics() -> torch.nn.ModuleDict:
     )
 
 
+def _inputs(logits: torch.Tensor, y: torch.Tensor) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Each metric's arguments; the binary metrics take class 0 against the rest."""
+    probs = logits.softmax(-1)
+    positive = (y == 0).long()
+    return {
+        "loss": (torch.nn.functional.cross_entropy(logits, y),),
+        "acc_macro": (logits, y),
+        "auroc_binned": (probs[:, 0], positive),
+        "mse": (probs, torch.nn.functional.one_hot(y, NUM_CLASSES).to(probs.dtype)),
+        "f1_macro": (logits, y),
+        "binary_acc": (probs[:, 0], positive),
+        "kappa": (logits.argmax(-1), y),
+    }
+
+
 def _loader(seed: int, size: int, batch_size: int, shuffle: bool = False) -> torch.utils.data.DataLoader:
     gen = torch.Generator().manual_seed(seed)
     data = torch.utils.data.TensorDataset(
@@ -152,12 +171,13 @@ def _loader(seed: int, size: int, batch_size: int, shuffle: bool = False) -> tor
 
 
 class EvalModule(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, update_logged: tuple[str, ...]) -> None:
         super().__init__()
         self.net = torch.nn.Linear(8, NUM_CLASSES)
         self.train_loss = torchmetrics.MeanMetric()
         self.val_metrics = _eval_metrics()
         self.test_metrics = _eval_metrics()
+        self.update_logged = update_logged
         #: per evaluation step: the stage, the trainer's function, whether inference mode was on, forward's values
         self.forward_values: list[tuple[str, str, bool, dict[str, float]]] = []
 
@@ -170,29 +190,18 @@ class EvalModule(L.LightningModule):
 
     def _evaluate(self, stage: str, metrics: torch.nn.ModuleDict, batch) -> None:
         x, y = batch
-        logits = self.net(x)
-        probs = logits.softmax(-1)
-        positive = (y == 0).long()  # the binary metrics: class 0 against the rest
-        values = {
-            "loss": metrics["loss"](torch.nn.functional.cross_entropy(logits, y)),
-            "acc_macro": metrics["acc_macro"](logits, y),
-            "auroc_binned": metrics["auroc_binned"](probs[:, 0], positive),
-            "mse": metrics["mse"](probs, torch.nn.functional.one_hot(y, NUM_CLASSES).to(probs.dtype)),
-        }
-        metrics["f1_macro"].update(logits, y)
-        metrics["binary_acc"].update(probs[:, 0], positive)
-        metrics["kappa"].update(logits.argmax(-1), y)
-        # float() reads the device: a test-only read, after every metric call of the step
-        self.forward_values.append(
-            (
-                stage,
-                self.trainer.state.fn.value,
-                torch.is_inference_mode_enabled(),
-                {name: float(value) for name, value in values.items()},
-            )
-        )
+        inputs = _inputs(self.net(x), y)
+        values = {}
         for name, metric in metrics.items():
-            self.log(f"{stage}_{name}", metric, on_step=name in FORWARD_LOGGED, on_epoch=True)
+            if name in self.update_logged:
+                metric.update(*inputs[name])  # the epoch value only, computed by Lightning at the epoch's end
+            else:
+                values[name] = metric(*inputs[name])  # the batch value (logged on the step), accumulated for the epoch
+        # float() reads the device: a test-only read, after every metric call of the step
+        mode = torch.is_inference_mode_enabled()
+        self.forward_values.append((stage, self.trainer.state.fn.value, mode, {k: float(v) for k, v in values.items()}))
+        for name, metric in metrics.items():
+            self.log(f"{stage}_{name}", metric, on_step=name not in self.update_logged, on_epoch=True)
 
     def validation_step(self, batch, batch_idx):
         self._evaluate("val", self.val_metrics, batch)
@@ -207,10 +216,14 @@ class EvalModule(L.LightningModule):
         return _loader(seed=1, size=64, batch_size=16, shuffle=True)
 
     def val_dataloader(self):
-        return _loader(seed=2, size=40, batch_size=16)  # a short last batch
+        return _loader(seed=2, size=40, batch_size=16)  # 3 batches, a short last one
 
     def test_dataloader(self):
-        return _loader(seed=3, size=48, batch_size=16)
+        return _loader(seed=3, size=48, batch_size=16)  # 3 batches
+
+
+VAL_BATCHES = TEST_BATCHES = 3
+SANITY_BATCHES = 2
 
 
 class EvalRecorder(L.Callback):
@@ -252,45 +265,39 @@ class RecordingLogger(L.pytorch.loggers.Logger):
         self.calls.append((step, dict(sorted(metrics.items()))))
 
 
-def evaluate(patch: bool, device_path: bool, inference_mode: bool, root) -> dict[str, object]:
-    """``fit`` (sanity check on, ``EPOCHS`` epochs), then ``validate`` and ``test``, twice: everything logged."""
+def evaluate(sequence: str, patch: bool, device_path: bool, inference_mode: bool, root) -> dict[str, object]:
+    """Run one of :data:`SEQUENCES` (fit: sanity check on, ``EPOCHS`` epochs); everything that was logged."""
+    calls, update_logged = SEQUENCES[sequence]
     torch.manual_seed(0)
     recorder = EvalRecorder()
     logger = RecordingLogger()
+    results: list[tuple[str, dict[str, float]]] = []
     forced = _deferred.device_path_forced()
     context = torchmetrics_syncfree.patched() if patch else contextlib.nullcontext()
     with context:
         _deferred.force_device_path(device_path)
         try:
-            module = EvalModule()
+            module = EvalModule(update_logged)
             trainer = L.Trainer(
                 max_epochs=EPOCHS,
-                num_sanity_val_steps=2,
+                num_sanity_val_steps=SANITY_BATCHES,
                 inference_mode=inference_mode,
                 logger=logger,
                 default_root_dir=root,
                 callbacks=[recorder],
                 **QUIET_CPU,
             )
-            trainer.fit(module)
-            validated, tested = [], []
-            for _ in range(2):
-                validated += trainer.validate(module, verbose=False)
-                tested += trainer.test(module, verbose=False)
+            for call in calls:
+                outcome = getattr(trainer, call)(module, **({} if call == "fit" else {"verbose": False}))
+                results += [(call, result) for result in outcome or ()]
         finally:
             _deferred.force_device_path(forced)
-    return {
-        "ends": recorder.ends,
-        "logged": logger.calls,
-        "forward": module.forward_values,
-        "validate": validated,
-        "test": tested,
-    }
+    return {"ends": recorder.ends, "logged": logger.calls, "forward": module.forward_values, "results": results}
 
 
 @functools.cache
-def _stock(inference_mode: bool, root) -> dict[str, object]:
-    return evaluate(patch=False, device_path=False, inference_mode=inference_mode, root=root)
+def _stock(sequence: str, inference_mode: bool, root) -> dict[str, object]:
+    return evaluate(sequence, patch=False, device_path=False, inference_mode=inference_mode, root=root)
 
 
 @pytest.fixture(scope="module")
@@ -298,33 +305,57 @@ def stock_root(tmp_path_factory):
     return tmp_path_factory.mktemp("stock")
 
 
-@pytest.mark.parametrize("inference_mode", [True, False], ids=["inference_mode", "no_grad"])
+def _check_stock_run(run: dict[str, object], sequence: str, inference_mode: bool) -> None:
+    """The stock run is what the test claims it is: its evaluation runs, grad modes and logged metrics."""
+    calls, update_logged = SEQUENCES[sequence]
+    runs, steps, modes = [], 0, set()
+    for i, call in enumerate(calls):
+        if call == "fit":  # the sanity check and one validation per epoch, under no_grad
+            runs += [("val", True, 0)] + [("val", False, epoch) for epoch in range(EPOCHS)]
+            steps += SANITY_BATCHES + EPOCHS * VAL_BATCHES
+            modes.add(("fit", False))
+        else:
+            runs.append(("val" if call == "validate" else "test", False, EPOCHS if "fit" in calls[:i] else 0))
+            steps += VAL_BATCHES if call == "validate" else TEST_BATCHES
+            modes.add((call, inference_mode))
+    assert [(stage, sanity, epoch) for stage, sanity, epoch, _ in run["ends"]] == runs
+    assert len(run["forward"]) == steps
+    assert {(fn, inference) for _, fn, inference, _ in run["forward"]} == modes
+    forward_logged = [name for name in _eval_metrics() if name not in update_logged]
+    after_fit = calls[calls.index("fit") + 1 :]
+    for call, stage in (("validate", "val"), ("test", "test")):
+        results = [result for done, result in run["results"] if done == call]
+        assert len(results) == calls.count(call)
+        names = {f"{stage}_{name}" for name in update_logged} | {f"{stage}_{name}_epoch" for name in forward_logged}
+        for result in results:
+            assert names <= set(result)
+            assert all(math.isfinite(value) and value != 0.0 for value in result.values())  # none degenerate
+        if after_fit.count(call) > 1:  # the same model and data after fit: the metrics were reset in between
+            assert len({str(result) for result in results[-after_fit.count(call) :]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("sequence", "inference_mode"),
+    [
+        ("fit-validate-test-x2", True),
+        ("fit-validate-test-x2", False),
+        # under no_grad nothing is an inference tensor: the first sequence covers it
+        ("validate-fit-validate-test", True),
+    ],
+    ids=["fit-validate-test-x2-inference_mode", "fit-validate-test-x2-no_grad", "validate-fit-inference_mode"],
+)
 @pytest.mark.parametrize("path", ["cpu", "device"])
-def test_evaluation_metrics_log_the_same_values_as_stock_every_epoch(path, inference_mode, stock_root, tmp_path):
+def test_evaluation_metrics_log_the_same_values_as_stock_every_epoch(
+    path, sequence, inference_mode, stock_root, tmp_path
+):
     torchmetrics_syncfree.unpatch_all()
-    stock = _stock(inference_mode, stock_root)
-    patched = evaluate(patch=True, device_path=path == "device", inference_mode=inference_mode, root=tmp_path)
-
-    # the stock run is what the test claims it is: the sanity check and one validation per epoch under no_grad, then
-    # trainer.validate and trainer.test (twice) under the asked-for grad mode, every metric logged
-    runs = [(stage, sanity) for stage, sanity, _, _ in stock["ends"]]
-    assert runs == [("val", True)] + [("val", False)] * EPOCHS + [("val", False), ("test", False)] * 2
-    assert [epoch for _, _, epoch, _ in stock["ends"][1 : EPOCHS + 1]] == list(range(EPOCHS))
-    modes = {(fn, inference) for _, fn, inference, _ in stock["forward"]}
-    assert modes == {("fit", False), ("validate", inference_mode), ("test", inference_mode)}
-    assert len(stock["forward"]) == 2 + EPOCHS * 3 + 2 * (3 + 3)
-    for stage, results in (("val", stock["validate"]), ("test", stock["test"])):
-        names = [f"{stage}_{name}" for name in UPDATE_LOGGED] + [f"{stage}_{name}_epoch" for name in FORWARD_LOGGED]
-        assert len(results) == 2
-        assert set(names) <= set(results[0])
-        assert results[1] == results[0]  # the same model and data: the metrics were reset in between
-        assert all(math.isfinite(value) and value != 0.0 for value in results[0].values())  # none degenerate
-
-    # value by value: forward's batch values, the epoch values at the end of every evaluation, what the logger got
+    stock = _stock(sequence, inference_mode, stock_root)
+    _check_stock_run(stock, sequence, inference_mode)
+    patched = evaluate(sequence, patch=True, device_path=path == "device", inference_mode=inference_mode, root=tmp_path)
+    # value by value: forward's batch values, the epoch values at the end of every evaluation run, what the logger got
     # (step and epoch values), and what validate()/test() returned
     assert patched["forward"] == stock["forward"]
     assert patched["ends"] == stock["ends"]
     assert patched["logged"] == stock["logged"]
-    assert patched["validate"] == stock["validate"]
-    assert patched["test"] == stock["test"]
+    assert patched["results"] == stock["results"]
     assert not any(torchmetrics_syncfree.is_patched(t) for t in torchmetrics_syncfree.declared_targets())
