@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib
 import inspect
@@ -10,11 +11,13 @@ import pydoc
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+import torchmetrics
 from torchmetrics.aggregation import BaseAggregator, CatMetric, MeanMetric, SumMetric
 
 import torchmetrics_syncfree
@@ -473,3 +476,36 @@ def test_the_replacement_is_relabelled_in_place_and_gets_its_own_labels_back():
     torchmetrics_syncfree.unpatch_all()
     assert (spec.replacement.__doc__, spec.replacement.__qualname__) == (own_doc, own_name)
     assert "__signature__" not in vars(spec.replacement)
+
+
+def test_stock_objects_are_resolved_when_patching() -> None:
+    """``stock()`` is a dict look-up once patched: a compiled ``forward`` reaches it through ``reset()``, and a miss
+    would import modules there (a graph break)."""
+    with torchmetrics_syncfree.patched() as targets:
+        for target in targets:
+            assert target in _registry._stock_objects, target
+            assert _registry.stock(target) is _registry.get_original(target), target
+
+
+def test_stock_gives_the_original_whether_or_not_patched() -> None:
+    target = "torchmetrics.metric.Metric.reset"
+    assert _registry.stock(target) is torchmetrics.Metric.reset
+    with torchmetrics_syncfree.patched():
+        assert torchmetrics.Metric.reset is not _registry.stock(target)
+        assert _registry.stock(target).__module__ == "torchmetrics.metric"
+
+
+def test_the_areas_reach_stock_through_the_one_accessor() -> None:
+    """No area keeps its own cached copy of ``get_original`` (they imported modules on the traced path of forward)."""
+    package = Path(torchmetrics_syncfree.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.name in ("_registry.py", "__init__.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id == "get_original":
+                offenders.append(f"{path.relative_to(package)}:{node.lineno} get_original")
+            if isinstance(node, ast.FunctionDef) and node.name in ("_stock", "_original"):
+                offenders.append(f"{path.relative_to(package)}:{node.lineno} def {node.name}")
+    assert offenders == []

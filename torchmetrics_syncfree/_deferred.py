@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -46,6 +46,7 @@ from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
 from torchmetrics_syncfree import probe
+from torchmetrics_syncfree._registry import stock
 from torchmetrics_syncfree._states import read_only
 
 #: The metric state holding one counter per kind of check.
@@ -194,6 +195,29 @@ def add_checks(metric: Any, kinds: Sequence[Check], size: int = 1) -> None:
     mark_zero(metric.__dict__[STATE])
 
 
+def validation_kinds(metric: Any) -> tuple[Check, ...]:
+    """The check of ``validate_args``: reported when the metric validates, nothing otherwise."""
+    return (INVALID_VALUES,) if metric.validate_args else ()
+
+
+def checked_init(
+    target: str, module: str, kinds: Callable[[Any], tuple[Check, ...]] = validation_kinds, size: int = 1
+) -> Callable[..., None]:
+    """A replacement of the ``__init__`` at the patch target ``target``: stock's, then the metric's check counters.
+
+    ``module`` is the declaring area's module (the registry finds a replacement's area by its ``__module__``);
+    ``kinds(metric)`` are the checks it reports, counted in ``size`` counters.
+    """
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        stock(target)(self, *args, **kwargs)
+        add_checks(self, kinds(self), size=size)
+
+    __init__.__module__ = module
+    __init__.__doc__ = "Stock's ``__init__``, plus the counters of the metric's checks."
+    return __init__
+
+
 def kinds_of(metric: Any) -> tuple[Check, ...]:
     """The kinds of check whose counters ``metric`` reports (empty for a metric without checks)."""
     return metric.__dict__.get(KINDS, ())
@@ -311,6 +335,8 @@ def mark_zero(counters: Tensor) -> None:
     CPU only, and not for an inference tensor (made under ``torch.inference_mode()``): it has no version counter
     to tell a later write, so such counters are read at the next eager point, as CUDA counters always are.
     """
+    if _is_dynamo_compiling():  # eager bookkeeping: a traced reset (inside a compiled forward) marks nothing
+        return
     if counters.is_cpu and not counters.is_inference() and not _surely_zero(counters):
         key = id(counters)
         _zero[key] = (weakref.ref(counters, lambda _, key=key: _zero.pop(key, None)), counters._version)

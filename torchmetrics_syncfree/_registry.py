@@ -364,6 +364,7 @@ def _install(spec: PatchSpec, original: Any, bindings: _Bindings) -> None:
     """Install ``spec`` in place of ``original``; ``bindings``: :func:`_module_bindings` of the originals."""
     owner, name = _resolve(spec.target)
     spec.original = original
+    _stock_objects[spec.target] = original
     spec.installed_at = []
     if spec.kind == "setting":
         spec.installed_at.append((owner, name, original))
@@ -581,6 +582,25 @@ def _spec(target: str) -> PatchSpec:
 def is_patched(target: str) -> bool:
     """Whether ``target`` (a dotted name from :func:`declared_targets`) is currently patched."""
     return _spec(target).active
+
+
+class _StockObjects(dict):
+    """Stock's object behind each declared target: filled when a target is patched, and at its first look-up otherwise.
+
+    A plain dict look-up on every hit (``dict.__getitem__``, no Python call: host time on every ``forward``), which
+    traced code (a compiled ``forward``'s ``reset()``) follows without imports or registry work.
+    """
+
+    def __missing__(self, target: str) -> Any:
+        found = self[target] = get_original(target)
+        return found
+
+
+_stock_objects = _StockObjects()
+
+#: ``stock(target)``: the original TorchMetrics object behind the patch target ``target``, the one accessor the areas
+#: call (e.g. ``stock("torchmetrics.metric.Metric.reset") is torchmetrics.Metric.reset``).
+stock = _stock_objects.__getitem__
 
 
 def get_original(target: str) -> Any:

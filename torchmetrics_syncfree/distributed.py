@@ -48,7 +48,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces, stock
 
 #: Environment variable selecting the fallback mode when :func:`set_fallback_mode` was not called.
 MODE_ENV_VAR = "TORCHMETRICS_SYNCFREE_DDP_FALLBACK"
@@ -241,7 +241,7 @@ def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]
         One tensor per rank of the group, on the device of ``result``.
 
     """
-    return _route(get_original(_GATHER), result, group)
+    return _route(stock(_GATHER), result, group)
 
 
 @replaces(_SYNC_DIST, params=("self", "dist_sync_fn", "process_group"))
@@ -252,12 +252,12 @@ def _sync_dist(self: Any, dist_sync_fn: Callable | None = None, process_group: A
     stock call would have failed.
 
     """
-    if dist_sync_fn is None or dist_sync_fn is get_original(_GATHER):
+    if dist_sync_fn is None or dist_sync_fn is stock(_GATHER):
         dist_sync_fn = gather_all_tensors
     elif dist_sync_fn is not gather_all_tensors:
         dist_sync_fn = functools.partial(_route, dist_sync_fn)
     with _empty_list_states_on_cpu(self):
-        get_original(_SYNC_DIST)(self, dist_sync_fn, process_group)
+        stock(_SYNC_DIST)(self, dist_sync_fn, process_group)
 
 
 @contextmanager

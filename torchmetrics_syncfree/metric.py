@@ -36,7 +36,6 @@ previous value back.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
@@ -44,17 +43,11 @@ from typing import Any
 import torch
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import declares_setting, get_original, replaces
+from torchmetrics_syncfree._registry import declares_setting, replaces, stock
 
 _METRIC = "torchmetrics.metric.Metric"
 
 declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, area="metric")
-
-
-@functools.cache
-def _original(name: str) -> Callable[..., Any]:
-    """The original ``Metric`` attribute (cached: ``get_original`` loads the areas, which costs ~40 us a call)."""
-    return get_original(f"{_METRIC}.{name}")
 
 
 @replaces(
@@ -94,10 +87,10 @@ def reset(self: Any) -> None:
     """Stock's ``reset``, after taking what the checks have pending; reported once the states are reset."""
     if _deferred.STATE not in self._defaults:
         # no counters, or idle ones that forward left out (they keep what they hold): stock's reset, at stock's cost
-        _original("reset")(self)
+        stock(f"{_METRIC}.reset")(self)
         return
     pending = _deferred.take_pending(self)
-    _original("reset")(self)
+    stock(f"{_METRIC}.reset")(self)
     _deferred.mark_zero(self.__dict__[_deferred.STATE])
     _deferred.report_counts(self, pending)
 
@@ -230,7 +223,7 @@ def merge_state(self: Any, incoming_state: Any) -> None:
                 incoming_state[_deferred.STATE] = incoming_counters
         if isinstance(incoming_state, dict) and _deferred.STATE not in incoming_state:
             incoming_state = {**incoming_state, _deferred.STATE: torch.zeros_like(counters)}
-    _original("merge_state")(self, incoming_state)
+    stock(f"{_METRIC}.merge_state")(self, incoming_state)
 
 
 def _metric_state(self: Any) -> dict[str, Any]:
@@ -249,6 +242,6 @@ metric_state = replaces(f"{_METRIC}.metric_state", params=None)(_Property(_metri
 @replaces(f"{_METRIC}.persistent", params=("self", "mode"))
 def persistent(self: Any, mode: bool = False) -> None:
     """Stock's ``persistent``, except that the check counters never enter ``state_dict()``."""
-    _original("persistent")(self, mode)
+    stock(f"{_METRIC}.persistent")(self, mode)
     if _deferred.STATE in self._persistent:
         self._persistent[_deferred.STATE] = False

@@ -36,7 +36,7 @@ from torchmetrics.functional.classification.precision_recall_curve import (
     _multilabel_precision_recall_curve_compute,
 )
 
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.classification.precision_recall_curve import (
     UNDEFINED_RECALL,
     _average_ignoring_nan,
@@ -47,7 +47,6 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _ranked_counts,
     _stock_compute_where_reads_are_free,
 )
-from torchmetrics_syncfree.classification.stat_scores import _stock
 
 _MODULE = "torchmetrics.classification.average_precision"
 
@@ -77,10 +76,10 @@ def _average_precisions(
 def _binary_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free or binned (no reads there); otherwise without host reads."""
     if self.thresholds is not None:  # stock's binned compute reads nothing
-        return _stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryAveragePrecision.compute")
-    if stock is not None:
-        return stock
+        return stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
+    stock_compute = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryAveragePrecision.compute")
+    if stock_compute is not None:
+        return stock_compute
     preds, target = _list_state(self)
     kept = _kept_entries(self, target)
     if kept is None:
@@ -94,9 +93,9 @@ def _binary_compute(self: Any) -> Tensor:
 @replaces(f"{_MODULE}.MulticlassAveragePrecision.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassAveragePrecision.compute")
-    if stock is not None:
-        return stock
+    stock_compute = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassAveragePrecision.compute")
+    if stock_compute is not None:
+        return stock_compute
     if self.thresholds is not None:
         curve = _multiclass_precision_recall_curve_compute(self.confmat, self.num_classes, self.thresholds)
         precision, recall = curve[0], curve[1]
@@ -122,10 +121,10 @@ def _multilabel_compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free or binned micro (no reads there); otherwise without host reads."""
     binned = self.thresholds is not None
     if binned and self.average == "micro":  # stock's binned micro compute reads nothing
-        return _stock(f"{_MODULE}.MultilabelAveragePrecision.compute")(self)
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelAveragePrecision.compute")
-    if stock is not None:
-        return stock
+        return stock(f"{_MODULE}.MultilabelAveragePrecision.compute")(self)
+    stock_compute = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelAveragePrecision.compute")
+    if stock_compute is not None:
+        return stock_compute
     if binned:
         curve = _multilabel_precision_recall_curve_compute(self.confmat, self.num_labels, self.thresholds)
         precision, recall = curve[0], curve[1]

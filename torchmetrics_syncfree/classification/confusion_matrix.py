@@ -57,16 +57,14 @@ from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
     _check_binary_values,
-    _checked_init,
     _confusion_bins,
     _count,
     _multiclass_stat_scores_tensor_validation,
     _safe_divide,
-    _stock,
     _without_invalid,
     normalize_logits_if_needed,
 )
@@ -100,7 +98,7 @@ def _binary_confusion_matrix_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._binary_confusion_matrix_tensor_validation")(preds, target, ignore_index)
+        return stock(f"{_FUNCTIONAL}._binary_confusion_matrix_tensor_validation")(preds, target, ignore_index)
     _check_same_shape(preds, target)
     return _check_binary_values(metric, preds, target, ignore_index, "preds")
 
@@ -115,7 +113,7 @@ def _multilabel_confusion_matrix_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._multilabel_confusion_matrix_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multilabel_confusion_matrix_tensor_validation")(
             preds, target, num_labels, ignore_index
         )
     _check_same_shape(preds, target)
@@ -137,7 +135,7 @@ def _multiclass_confusion_matrix_tensor_validation(
 ) -> Tensor | None:
     """Stock's shape checks; with the ``metric`` whose update validates, the stat scores' label check (a flag)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation")(
             preds, target, num_classes, ignore_index
         )
     return _multiclass_stat_scores_tensor_validation(preds, target, num_classes, "global", ignore_index, metric=metric)
@@ -248,15 +246,15 @@ def _labels_checked(self: Any, target: Tensor) -> bool:
 _binary_init = replaces(
     f"{_MODULE}.BinaryConfusionMatrix.__init__",
     params=("self", "threshold", "ignore_index", "normalize", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.BinaryConfusionMatrix.__init__", __name__, _kinds, size=2))
+)(_deferred.checked_init(f"{_MODULE}.BinaryConfusionMatrix.__init__", __name__, _kinds, size=2))
 _multiclass_init = replaces(
     f"{_MODULE}.MulticlassConfusionMatrix.__init__",
     params=("self", "num_classes", "ignore_index", "normalize", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.MulticlassConfusionMatrix.__init__", __name__, _kinds, size=2))
+)(_deferred.checked_init(f"{_MODULE}.MulticlassConfusionMatrix.__init__", __name__, _kinds, size=2))
 _multilabel_init = replaces(
     f"{_MODULE}.MultilabelConfusionMatrix.__init__",
     params=("self", "num_labels", "threshold", "ignore_index", "normalize", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.MultilabelConfusionMatrix.__init__", __name__, _kinds, size=2))
+)(_deferred.checked_init(f"{_MODULE}.MultilabelConfusionMatrix.__init__", __name__, _kinds, size=2))
 
 
 @replaces(f"{_MODULE}.BinaryConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
@@ -347,7 +345,7 @@ def _jaccard_index_reduce(
 ) -> Tensor:
     """Stock's reduction with ``masked_fill`` for the macro weights of classes that never occur."""
     if average != "macro" or confmat.ndim == 3:  # nothing there writes through a boolean mask
-        return _stock(f"{_JACCARD}._jaccard_index_reduce")(confmat, average, ignore_index, zero_division)
+        return stock(f"{_JACCARD}._jaccard_index_reduce")(confmat, average, ignore_index, zero_division)
     confmat = confmat.float()
     ignore_index_cond = ignore_index is not None and 0 <= ignore_index < confmat.shape[0]
     num = torch.diag(confmat)

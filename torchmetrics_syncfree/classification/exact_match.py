@@ -37,7 +37,6 @@ from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
-    _checked_init,
     _multiclass_stat_scores_tensor_validation,
     _validated_multilabel,
     _without_invalid,
@@ -108,11 +107,11 @@ def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Ten
 _multiclass_init = replaces(
     f"{_MODULE}.MulticlassExactMatch.__init__",
     params=("self", "num_classes", "multidim_average", "ignore_index", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.MulticlassExactMatch.__init__", __name__))
+)(_deferred.checked_init(f"{_MODULE}.MulticlassExactMatch.__init__", __name__))
 _multilabel_init = replaces(
     f"{_MODULE}.MultilabelExactMatch.__init__",
     params=("self", "num_labels", "threshold", "multidim_average", "ignore_index", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.MultilabelExactMatch.__init__", __name__))
+)(_deferred.checked_init(f"{_MODULE}.MultilabelExactMatch.__init__", __name__))
 
 
 @replaces(f"{_MODULE}.MulticlassExactMatch.update", params=("self", "preds", "target"), kind="metric_method")

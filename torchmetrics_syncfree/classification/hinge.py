@@ -44,7 +44,7 @@ from torchmetrics.functional.classification.confusion_matrix import (
 from torchmetrics.functional.classification.hinge import _binary_hinge_loss_update, _multiclass_hinge_loss_update
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.confusion_matrix import (
     _binary_confusion_matrix_tensor_validation,
@@ -52,10 +52,8 @@ from torchmetrics_syncfree.classification.confusion_matrix import (
 )
 from torchmetrics_syncfree.classification.stat_scores import (
     _all_classes,
-    _checked_init,
     _multiclass_stat_scores_tensor_validation,
     _raise_not_a_class,
-    _stock,
     _without_invalid,
 )
 
@@ -76,7 +74,7 @@ def _binary_hinge_loss_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._binary_hinge_loss_tensor_validation")(preds, target, ignore_index)
+        return stock(f"{_FUNCTIONAL}._binary_hinge_loss_tensor_validation")(preds, target, ignore_index)
     invalid = _binary_confusion_matrix_tensor_validation(preds, target, ignore_index, metric=metric)
     if not preds.is_floating_point():
         _raise_not_float(preds)
@@ -92,7 +90,7 @@ def _multiclass_hinge_loss_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the label check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._multiclass_hinge_loss_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multiclass_hinge_loss_tensor_validation")(
             preds, target, num_classes, ignore_index
         )
     # the confusion matrix's validation is the stat scores' (called directly: one Python call less per update)
@@ -187,11 +185,11 @@ def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Te
 _binary_init = replaces(
     f"{_MODULE}.BinaryHingeLoss.__init__",
     params=("self", "squared", "ignore_index", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.BinaryHingeLoss.__init__", __name__))
+)(_deferred.checked_init(f"{_MODULE}.BinaryHingeLoss.__init__", __name__))
 _multiclass_init = replaces(
     f"{_MODULE}.MulticlassHingeLoss.__init__",
     params=("self", "num_classes", "squared", "multiclass_mode", "ignore_index", "validate_args", "kwargs"),
-)(_checked_init(f"{_MODULE}.MulticlassHingeLoss.__init__", __name__))
+)(_deferred.checked_init(f"{_MODULE}.MulticlassHingeLoss.__init__", __name__))
 
 
 @replaces(f"{_MODULE}.BinaryHingeLoss.update", params=("self", "preds", "target"), kind="metric_method")

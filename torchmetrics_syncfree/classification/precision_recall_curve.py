@@ -62,16 +62,14 @@ from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.confusion_matrix import _cells, _probabilities
 from torchmetrics_syncfree.classification.stat_scores import (
-    _checked_init,
     _file_invalid,
     _not_a_class,
     _outside,
     _raise_not_a_class,
-    _stock,
     _without_invalid,
     normalize_logits_if_needed,
 )
@@ -164,7 +162,7 @@ def _stock_binary_validation(preds: Tensor, target: Tensor, ignore_index: int | 
     The lookup imports, which Dynamo refuses to trace: an update that looked it up first broke the graph of every
     binary and multilabel curve update.
     """
-    _stock(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation")(preds, target, ignore_index)
+    stock(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation")(preds, target, ignore_index)
 
 
 @replaces(
@@ -176,7 +174,7 @@ def _multilabel_precision_recall_curve_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._multilabel_precision_recall_curve_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multilabel_precision_recall_curve_tensor_validation")(
             preds, target, num_labels, ignore_index
         )
     invalid = _binary_precision_recall_curve_tensor_validation(preds, target, ignore_index, metric=metric)
@@ -197,7 +195,7 @@ def _multiclass_precision_recall_curve_tensor_validation(
 ) -> Tensor | None:
     """Stock's shape checks; with the ``metric`` whose update validates, the label range check (a device flag)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._multiclass_precision_recall_curve_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multiclass_precision_recall_curve_tensor_validation")(
             preds, target, num_classes, ignore_index
         )
     if not preds.ndim == target.ndim + 1:
@@ -258,7 +256,7 @@ def _threshold_confmats(preds: Tensor, positive: Tensor, dropped: Tensor | None,
 STOCK_COUNTING_MAX = 1 << 16
 
 
-def _counts_with_stock(self: Any, preds: Tensor) -> bool:
+def _counts_withstock(self: Any, preds: Tensor) -> bool:
     """Whether this binned update counts with stock's format and update (identical integers, cheaper when small).
 
     Only where reads are free (CPU, eager) and after the validation ran (it raised at once for values stock's counting
@@ -521,11 +519,11 @@ def _stock_compute_where_reads_are_free(self: Any, target: str) -> Any:
     and with their fixed-shape code on the device path.
     """
     if self.thresholds is not None:  # binned counts: nothing to drop (the common case, kept to one Python call)
-        return _stock(target)(self) if _deferred.reads_are_free(self.confmat) else None
+        return stock(target)(self) if _deferred.reads_are_free(self.confmat) else None
     if not _deferred.reads_are_free(_state_tensor(self)):
         return None
     with _ignored_entries_dropped(self):
-        return _stock(target)(self)
+        return stock(target)(self)
 
 
 def _compute_without_ignored_entries(target: str) -> Callable[[Any], Any]:
@@ -533,7 +531,7 @@ def _compute_without_ignored_entries(target: str) -> Callable[[Any], Any]:
 
     def compute(self: Any) -> Any:
         with _ignored_entries_dropped(self):
-            return _stock(target)(self)
+            return stock(target)(self)
 
     compute.__module__ = __name__
     compute.__doc__ = "Stock's ``compute``, on the list state without the ignored entries the update kept."
@@ -553,13 +551,19 @@ _binary_curve_compute, _multiclass_curve_compute, _binary_roc_compute, _multicla
 
 # ``params=None``: the signatures differ between releases (1.8 added ``normalization``); the stand-ins forward them
 _binary_init = replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", params=None)(
-    _checked_init(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
+    _deferred.checked_init(
+        f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS)
+    )
 )
 _multiclass_init = replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", params=None)(
-    _checked_init(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
+    _deferred.checked_init(
+        f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS)
+    )
 )
 _multilabel_init = replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", params=None)(
-    _checked_init(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS))
+    _deferred.checked_init(
+        f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS)
+    )
 )
 
 
@@ -582,7 +586,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
             preds, target, _ = _binary_precision_recall_curve_format(*args)
         _add_to_state(self, invalid, (preds, target))
         return
-    if _counts_with_stock(self, preds):  # stock's format takes the thresholds (multilabel: how to drop ignored ones)
+    if _counts_withstock(self, preds):  # stock's format takes the thresholds (multilabel: how to drop ignored ones)
         args = (preds, target, self.thresholds, self.ignore_index)
         args += () if normalization == "sigmoid" else (normalization,)
         preds, target, _ = _binary_precision_recall_curve_format(*args)
@@ -613,7 +617,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
             )
         _add_to_state(self, invalid, (preds, target))
         return
-    if _counts_with_stock(self, preds):
+    if _counts_withstock(self, preds):
         preds, target, _ = _multiclass_precision_recall_curve_format(
             preds, target, self.num_classes, self.thresholds, self.ignore_index, average
         )
@@ -637,7 +641,7 @@ def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
         )
         _add_to_state(self, invalid, (preds, target))
         return
-    if _counts_with_stock(self, preds):
+    if _counts_withstock(self, preds):
         preds, target, _ = _multilabel_precision_recall_curve_format(
             preds, target, self.num_labels, self.thresholds, self.ignore_index
         )

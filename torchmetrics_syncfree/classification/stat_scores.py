@@ -90,7 +90,7 @@ from torchmetrics.utilities.data import _bincount, select_topk
 from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
 
 _COMPUTE = "torchmetrics.utilities.compute"
@@ -100,12 +100,6 @@ _BINARY_UPDATE = f"{_MODULE}.BinaryStatScores.update"
 _MULTICLASS_UPDATE = f"{_MODULE}.MulticlassStatScores.update"
 _MULTILABEL_UPDATE = f"{_MODULE}.MultilabelStatScores.update"
 _ZERO_DIVISION_WARNING = "Detected zero division in _safe_divide. Setting 0/0 to 0.0"
-
-
-@functools.cache
-def _stock(target: str) -> Callable[..., Any]:
-    """The original TorchMetrics object behind a patch target (cached: originals never change)."""
-    return get_original(target)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -169,7 +163,7 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
     if not normalization:
         return tensor
     if _deferred.reads_are_free(tensor):
-        return _stock(_NORMALIZE_LOGITS)(tensor, normalization)
+        return stock(_NORMALIZE_LOGITS)(tensor, normalization)
     outside = ((tensor < 0) | (tensor > 1)).any()
     normalized = torch.sigmoid(tensor) if normalization == "sigmoid" else torch.softmax(tensor, dim=1)
     return torch.where(outside, normalized, tensor)
@@ -240,7 +234,7 @@ def _binary_stat_scores_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._binary_stat_scores_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._binary_stat_scores_tensor_validation")(
             preds, target, multidim_average, ignore_index
         )
     _check_same_shape(preds, target)
@@ -264,7 +258,7 @@ def _multilabel_stat_scores_tensor_validation(
 ) -> Tensor | None:
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
-        return _stock(f"{_FUNCTIONAL}._multilabel_stat_scores_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multilabel_stat_scores_tensor_validation")(
             preds, target, num_labels, multidim_average, ignore_index
         )
     _check_same_shape(preds, target)
@@ -367,7 +361,7 @@ def _multiclass_stat_scores_tensor_validation(
     With the ``metric`` whose update validates, labels outside ``[0, num_classes)`` are one device flag (returned).
     """
     if metric is None or num_classes is None:
-        return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_tensor_validation")(
+        return stock(f"{_FUNCTIONAL}._multiclass_stat_scores_tensor_validation")(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
@@ -642,7 +636,7 @@ def _multiclass_stat_scores_update(
             return _micro_counts(preds, target, num_classes, ignore_index)
         return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
     if labels_checked and (ignore_index is None or 0 <= ignore_index < num_classes):
-        return _stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
+        return stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
             preds, target, num_classes, top_k, average, multidim_average, ignore_index
         )
     return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
@@ -650,28 +644,6 @@ def _multiclass_stat_scores_update(
 
 # --------------------------------------------------------------------------------------------------------------------
 # the metrics: updates that pass themselves to the validation, leave invalid batches out, report at their end
-
-
-def _validation_kinds(metric: Any) -> tuple[_deferred.Check, ...]:
-    """The check of ``validate_args``: reported when the metric validates, nothing otherwise."""
-    return (_deferred.INVALID_VALUES,) if metric.validate_args else ()
-
-
-def _checked_init(
-    target: str, module: str, kinds: Callable[[Any], tuple[_deferred.Check, ...]] = _validation_kinds, size: int = 1
-) -> Callable[..., None]:
-    """A replacement of the ``__init__`` at ``target``: stock's, then the metric's ``size`` check counters.
-
-    ``module`` is the declaring area's module (the registry finds a replacement's area by its ``__module__``).
-    """
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        _stock(target)(self, *args, **kwargs)
-        _deferred.add_checks(self, kinds(self), size=size)
-
-    __init__.__module__ = module
-    __init__.__doc__ = "Stock's ``__init__``, plus the counters of the metric's checks."
-    return __init__
 
 
 def _without_invalid(invalid: Tensor | None, *counts: Tensor) -> tuple[Tensor, ...]:
@@ -685,7 +657,7 @@ def _without_invalid(invalid: Tensor | None, *counts: Tensor) -> tuple[Tensor, .
 def _update_state(self: Any, tp: Tensor, fp: Tensor, tn: Tensor, fn: Tensor) -> None:
     """Stock's state update, in place for tensor states: the tensors a CUDA graph captured hold the result."""
     if self.multidim_average == "samplewise" or isinstance(self.tp, list):
-        return _stock(f"{_MODULE}._AbstractStatScores._update_state")(self, tp, fp, tn, fn)
+        return stock(f"{_MODULE}._AbstractStatScores._update_state")(self, tp, fp, tn, fn)
     add_to_states(self, _STAT_STATES, (tp, fp, tn, fn))
     return None
 
@@ -696,7 +668,7 @@ _STAT_STATES = ("tp", "fp", "tn", "fn")
 @replaces(f"{_MODULE}._AbstractStatScores._create_state", params=("self", "size", "multidim_average"))
 def _create_state(self: Any, size: int, multidim_average: str = "global") -> None:
     """Stock's states, plus the counter of the validation check (reported when ``validate_args`` is set)."""
-    _stock(f"{_MODULE}._AbstractStatScores._create_state")(self, size, multidim_average)
+    stock(f"{_MODULE}._AbstractStatScores._create_state")(self, size, multidim_average)
     _deferred.add_checks(self, (_deferred.INVALID_VALUES,) if getattr(self, "validate_args", False) else ())
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,15 +30,9 @@ from torch import Tensor
 from torchmetrics.utilities import reduce
 
 from torchmetrics_syncfree import _deferred, probe
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.image.psnr"
-
-
-@functools.cache
-def _stock(name: str) -> Callable[..., Any]:
-    """The original TorchMetrics function (cached: ``get_original`` loads the areas on every call)."""
-    return get_original(f"{_FUNCTIONAL}.{name}")
 
 
 @functools.cache
@@ -57,7 +50,7 @@ def _count(target: Tensor, count: int) -> Tensor:
 def _psnr_update(preds: Tensor, target: Tensor, dim: int | tuple[int, ...] | None = None) -> tuple[Tensor, Tensor]:
     """Stock's sums; the numbers of observations are made on the device (``torch.full``), not copied there."""
     if _deferred.reads_are_free(target):
-        return _stock("_psnr_update")(preds, target, dim)
+        return stock(f"{_FUNCTIONAL}._psnr_update")(preds, target, dim)
     if not preds.is_floating_point():
         preds = preds.to(torch.float32)
     if not target.is_floating_point():
@@ -89,6 +82,6 @@ def _psnr_compute(
 ) -> Tensor:
     """Stock's formula; the logarithm's base enters as a Python number, not a tensor made on every call."""
     if _deferred.reads_are_free(sum_squared_error) or not isinstance(base, (int, float)):
-        return _stock("_psnr_compute")(sum_squared_error, num_obs, data_range, base, reduction)
+        return stock(f"{_FUNCTIONAL}._psnr_compute")(sum_squared_error, num_obs, data_range, base, reduction)
     psnr_base_e = 2 * torch.log(data_range) - torch.log(sum_squared_error / num_obs)
     return reduce(psnr_base_e * _log_factor(base), reduction=reduction)

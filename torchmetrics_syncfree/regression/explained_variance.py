@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
-from torchmetrics_syncfree.classification.stat_scores import _stock
+from torchmetrics_syncfree._registry import replaces, stock
 
 _MODULE = "torchmetrics.regression.explained_variance"
 
@@ -31,7 +30,7 @@ def _compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     num_obs = self.num_obs
     if _deferred.reads_are_free(num_obs):
-        return _stock(f"{_MODULE}.ExplainedVariance.compute")(self)
+        return stock(f"{_MODULE}.ExplainedVariance.compute")(self)
     diff_avg = self.sum_error / num_obs
     numerator = self.sum_squared_error / num_obs - (diff_avg * diff_avg)
     target_avg = self.sum_target / num_obs

@@ -20,8 +20,7 @@ from torch import Tensor
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
-from torchmetrics_syncfree.classification.stat_scores import _stock
+from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.regression.kl_divergence"
 
@@ -30,7 +29,7 @@ _FUNCTIONAL = "torchmetrics.functional.regression.kl_divergence"
 def _kld_update(p: Tensor, q: Tensor, log_prob: bool) -> tuple[Tensor, int]:
     """Stock's ``_kld_update`` where reads are free; otherwise the same values without a boolean-mask write."""
     if _deferred.reads_are_free(p):
-        return _stock(f"{_FUNCTIONAL}._kld_update")(p, q, log_prob)
+        return stock(f"{_FUNCTIONAL}._kld_update")(p, q, log_prob)
     _check_same_shape(p, q)
     if p.ndim != 2 or q.ndim != 2:
         raise ValueError(f"Expected both p and q distribution to be 2D but got {p.ndim} and {q.ndim} respectively")

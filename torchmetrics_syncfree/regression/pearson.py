@@ -32,8 +32,7 @@ import torchmetrics.functional.regression.pearson as _functional
 from torch import Tensor
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
-from torchmetrics_syncfree.classification.stat_scores import _checked_init, _stock
+from torchmetrics_syncfree._registry import replaces, stock
 
 _MODULE = "torchmetrics.regression.pearson"
 
@@ -66,7 +65,9 @@ def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
     return KINDS
 
 
-_stock_init_with_checks = _checked_init(f"{_MODULE}.PearsonCorrCoef.__init__", __name__, _kinds, size=len(KINDS))
+_stock_init_with_checks = _deferred.checked_init(
+    f"{_MODULE}.PearsonCorrCoef.__init__", __name__, _kinds, size=len(KINDS)
+)
 
 
 @replaces(f"{_MODULE}.PearsonCorrCoef.__init__", params=("self", "num_outputs", "kwargs"))
@@ -180,12 +181,12 @@ def _early_running_update(metric: Any, preds: Tensor, target: Tensor, prior_coun
 def _update(self: Any, preds: Tensor, target: Tensor) -> None:
     """Stock's update where it reads nothing (1.7.4+); the early releases' without the read of the prior count."""
     if _SCALED:
-        _stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
+        stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
         return
     smallest = self.__dict__.get(SMALLEST_BATCH, 0)
     self.__dict__[SMALLEST_BATCH] = 0  # an update that raises leaves no bound
     if _deferred.reads_are_free(preds):
-        _stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
+        stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
     else:
         # the updates before this one (counted already by stock's wrapper) surely added an observation
         prior_counted = (smallest or 0) * (self._update_count - 1) >= 1
@@ -198,7 +199,7 @@ def _update(self: Any, preds: Tensor, target: Tensor) -> None:
 def _compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(self.var_x):
-        return _stock(f"{_MODULE}.PearsonCorrCoef.compute")(self)
+        return stock(f"{_MODULE}.PearsonCorrCoef.compute")(self)
     scaled = hasattr(self, "max_abs_dev_x")  # 1.7.4+
     states = [self.mean_x, self.mean_y]
     if scaled:

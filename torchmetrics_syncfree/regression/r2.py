@@ -35,9 +35,8 @@ from torch import Tensor
 from torchmetrics.functional.regression.r2 import _r2_score_update
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import read_only
-from torchmetrics_syncfree.classification.stat_scores import _stock
 
 _MODULE = "torchmetrics.regression.r2"
 
@@ -60,7 +59,7 @@ SMALLEST_BATCH = "_syncfree_smallest_batch"
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
-    _stock(f"{_MODULE}.R2Score.__init__")(self, *args, **kwargs)
+    stock(f"{_MODULE}.R2Score.__init__")(self, *args, **kwargs)
     # only ``adjusted`` warns: without it no counters (one state less to copy, reset and reduce in every forward);
     # a metric whose ``adjusted`` is set later gets them when it first files a warning
     if self.adjusted != 0:
@@ -131,7 +130,7 @@ def _compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     num_obs = self.total
     if _deferred.reads_are_free(num_obs):
-        return _stock(f"{_MODULE}.R2Score.compute")(self)
+        return stock(f"{_MODULE}.R2Score.compute")(self)
     # the count is read only where the host bound cannot rule stock's error out: mostly where stock raises
     if count_at_least(self) < 2 and int(num_obs) < 2:
         raise ValueError("Needs at least two samples to calculate r2 score.")

@@ -28,8 +28,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
-from torchmetrics_syncfree.classification.stat_scores import _stock
+from torchmetrics_syncfree._registry import replaces, stock
 
 _MODULE = "torchmetrics.regression.spearman"
 _FUNCTIONAL = "torchmetrics.functional.regression.spearman"
@@ -66,7 +65,7 @@ def _compute(self: Any) -> Tensor:
     preds = dim_zero_cat(self.preds)
     target = dim_zero_cat(self.target)
     if _deferred.reads_are_free(preds):
-        return _stock(f"{_MODULE}.SpearmanCorrCoef.compute")(self)
+        return stock(f"{_MODULE}.SpearmanCorrCoef.compute")(self)
     eps = 1e-6  # stock's default of ``_spearman_corrcoef_compute``
     if preds.ndim == 1:
         preds, target = rank_data(preds), rank_data(target)

@@ -46,7 +46,6 @@ Deviations from stock (documented in ``docs/retrieval.md``, tested in ``tests/te
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,7 +57,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces, stock
 
 _MODULE = "torchmetrics.retrieval.base"
 
@@ -84,12 +83,6 @@ KINDS = (EMPTY, NOT_BINARY, NO_POSITIVE, NO_NEGATIVE)
 _INVALID_TARGET = -1
 
 
-@functools.cache
-def _stock(target: str) -> Callable[..., Any]:
-    """The original TorchMetrics object behind a patch target (cached: originals never change)."""
-    return get_original(target)
-
-
 def _refresh_kinds(self: Any) -> None:
     """Give a metric made before the patch its counters (a tuple comparison per update otherwise)."""
     _deferred.keep_kinds(self, KINDS, size=len(KINDS))
@@ -101,7 +94,7 @@ def _refresh_kinds(self: Any) -> None:
 )
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     """Stock's ``__init__``, plus the counters of the retrieval checks."""
-    _stock(f"{_MODULE}.RetrievalMetric.__init__")(self, *args, **kwargs)
+    stock(f"{_MODULE}.RetrievalMetric.__init__")(self, *args, **kwargs)
     _deferred.add_checks(self, KINDS, size=len(KINDS))
 
 
@@ -153,7 +146,7 @@ def _update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
     if indexes is None:
         raise ValueError("Argument `indexes` cannot be None")
     if _deferred.reads_are_free(preds):  # stock's checks raise at once: nothing is filed
-        _stock(_STOCK_UPDATE)(self, preds, target, indexes)
+        stock(_STOCK_UPDATE)(self, preds, target, indexes)
         return
     _refresh_kinds(self)
     indexes, preds, target = _checked_inputs(self, indexes, preds, target)
@@ -439,7 +432,7 @@ def stock_compute_unless_fixed_shape(self: Any, target: str, values: Callable[[A
     if values is not None and self.target and not _deferred.reads_are_free(self.target[0]):
         return None
     with _left_out_entries_dropped(self):
-        return _stock(target)(self)
+        return stock(target)(self)
 
 
 @replaces(f"{_MODULE}.RetrievalMetric.compute", params=("self",), kind="metric_method")

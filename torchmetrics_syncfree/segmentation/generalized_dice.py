@@ -31,8 +31,6 @@ of the update (or by ``compute()``/``reset()`` when the device's copy is late) i
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,8 +40,7 @@ from torchmetrics.functional.segmentation.generalized_dice import _generalized_d
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
-from torchmetrics_syncfree.classification.stat_scores import _checked_init
+from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.segmentation.generalized_dice"
 _UTILS = "torchmetrics.functional.segmentation.utils"
@@ -58,12 +55,6 @@ CLASS_VALUES = _deferred.Check(
     " value outside [0, num_classes); that batch was left out of the state.",
     RuntimeError,
 )
-
-
-@functools.cache
-def _stock(target: str) -> Callable[..., Any]:
-    """The original TorchMetrics function (cached: ``get_original`` loads the areas on every call)."""
-    return get_original(target)
 
 
 def _one_hot(values: Tensor, num_classes: int, flags: list[Tensor] | None, in_range: bool = False) -> Tensor:
@@ -104,7 +95,7 @@ if _FORMATS_IN_UTILS:
     ) -> tuple[Tensor, Tensor]:
         """Stock's formatting; with ``flags`` (the metric's device path) its one-hot encodings read nothing."""
         if flags is None:
-            return _stock(f"{_UTILS}._segmentation_inputs_format")(
+            return stock(f"{_UTILS}._segmentation_inputs_format")(
                 preds, target, include_background, num_classes, input_format
             )
         if input_format == "mixed":
@@ -210,7 +201,7 @@ def _generalized_dice_update(
 ) -> tuple[Tensor, Tensor]:
     """Stock's update; on the device path the infinite weights are replaced without boolean masks."""
     if _deferred.reads_are_free(preds):
-        return _stock(f"{_FUNCTIONAL}._generalized_dice_update")(
+        return stock(f"{_FUNCTIONAL}._generalized_dice_update")(
             preds, target, num_classes, include_background, weight_type, input_format
         )
     # no metric to report through: stock's one-hot encodings (on CUDA they read nothing either)
@@ -229,14 +220,14 @@ _init = replaces(
         "input_format",
         "kwargs",
     ),
-)(_checked_init(f"{_MODULE}.GeneralizedDiceScore.__init__", __name__, kinds=lambda metric: (CLASS_VALUES,)))
+)(_deferred.checked_init(f"{_MODULE}.GeneralizedDiceScore.__init__", __name__, kinds=lambda metric: (CLASS_VALUES,)))
 
 
 @replaces(f"{_MODULE}.GeneralizedDiceScore.update", params=("self", "preds", "target"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor) -> None:
     """Stock's update; on the device path one-hot range checks are deferred and a failing batch is left out."""
     if _deferred.reads_are_free(preds):
-        numerator, denominator = _stock(f"{_FUNCTIONAL}._generalized_dice_update")(
+        numerator, denominator = stock(f"{_FUNCTIONAL}._generalized_dice_update")(
             preds, target, self.num_classes, self.include_background, self.weight_type, self.input_format
         )
         self.score += _generalized_dice_compute(numerator, denominator, self.per_class).sum(dim=0)

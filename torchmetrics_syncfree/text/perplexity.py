@@ -23,31 +23,21 @@ The gradient through ignored positions is 0, as in stock.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
 import torch
 from torch import Tensor
 from torchmetrics.functional.text.perplexity import _check_shape_and_type_consistency
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import get_original, replaces
+from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.text.perplexity"
-
-
-@functools.cache
-def _stock(name: str) -> Callable[..., Any]:
-    """The original TorchMetrics function (cached: ``get_original`` loads the areas on every call)."""
-    return get_original(f"{_FUNCTIONAL}.{name}")
 
 
 @replaces(f"{_FUNCTIONAL}._perplexity_update", params=("preds", "target", "ignore_index"), everywhere=True)
 def _perplexity_update(preds: Tensor, target: Tensor, ignore_index: int | None = None) -> tuple[Tensor, Tensor]:
     """Stock's statistics with fixed shapes: ignored positions add 0 instead of being selected away."""
     if _deferred.reads_are_free(preds):
-        return _stock("_perplexity_update")(preds, target, ignore_index)
+        return stock(f"{_FUNCTIONAL}._perplexity_update")(preds, target, ignore_index)
     _check_shape_and_type_consistency(preds, target)
     probs = torch.nn.functional.softmax(preds.reshape(-1, preds.shape[-1]), dim=1)
     target = target.reshape(-1)
