@@ -35,7 +35,6 @@ its list state and leaves it out of ``compute()``.
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +45,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states, read_only
 
 _MODULE = "torchmetrics.aggregation"
@@ -135,7 +134,7 @@ def _cast_and_neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
 )
 def _aggregator_init(self: Any, *args: Any, **kwargs: Any) -> None:
     """Stock's ``__init__``, plus the counter of the NaN check (reported as the ``nan_strategy`` says)."""
-    _original("BaseAggregator.__init__")(self, *args, **kwargs)
+    stock(f"{_MODULE}.BaseAggregator.__init__")(self, *args, **kwargs)
     reported = _REPORTED_NAN.get(self.nan_strategy) if isinstance(self.nan_strategy, str) else None
     _deferred.add_checks(self, () if reported is None else (reported,))
 
@@ -158,7 +157,7 @@ def _cast_and_nan_check_input(
 
     """
     if self.nan_strategy in ("warn", "ignore", "error"):
-        return _original("BaseAggregator._cast_and_nan_check_input")(
+        return stock(f"{_MODULE}.BaseAggregator._cast_and_nan_check_input")(
             self, _to_metric_tensor(self, x), None if weight is None else _to_metric_tensor(self, weight)
         )
     x = _to_metric_tensor(self, x)
@@ -171,16 +170,8 @@ def _cast_and_nan_check_input(
     return x.to(self.dtype), weight.to(self.dtype)
 
 
-@functools.cache
-def _original(name: str) -> Callable[..., Any]:
-    """The original aggregation attribute (cached: originals never change)."""
-    from torchmetrics_syncfree._registry import get_original
-
-    return get_original(f"{_MODULE}.{name}")
-
-
 def _stock_update(metric: Any, qualname: str, *args: Any) -> None:
-    _original(qualname)(metric, *args)
+    stock(f"{_MODULE}.{qualname}")(metric, *args)
 
 
 @replaces(f"{_MODULE}.MeanMetric.update", params=("self", "value", "weight"), kind="metric_method")
