@@ -11,19 +11,33 @@ default weight ``ones_like(value)`` (1.7+) or  no weight tensor at all: unit wei
 ``if nans.any() or nans_weight.any():``        a deferred check (``_deferred.record``): read at once on CPU;
                                                on the device path a counter in the metric's state, reported at
                                                an eager point (end of a later update, ``compute()``, ``reset()``)
-``x[~nans]`` (``"ignore"``/``"warn"``)         NaN entries are kept but neutralised: weight 0 for means, 0 for
-                                               sums, -inf/+inf for max/min; ``CatMetric`` drops them in
-                                               ``compute()``
-``x[nans] = v`` (float strategy)               ``masked_fill`` into a new tensor: the caller's tensors are
-                                               never written
+``x[~nans]`` (``"ignore"``/``"warn"``)         on the device path NaN entries are kept but neutralised: weight 0
+                                               for means, 0 for sums (``nansum``), -inf/+inf for max/min;
+                                               ``CatMetric`` drops them in ``compute()``. Where reads are free
+                                               (CPU) a batch with NaN is compacted as stock does
+``x[nans] = v`` (float strategy)               imputed into a new tensor with the input's strides: the caller's
+                                               tensors are never written
 ============================================  ================================================================
+
+Bit parity for any input layout: a float sum adds in an order that depends on the strides of what it reduces (CPU
+kernels vectorise over unit-stride memory and walk other layouts element by element; over a dense tensor they follow
+its memory order). Each sum here runs over what stock's runs over, laid out as stock's: the caller's view for
+``SumMetric`` and for weights (``nansum`` where NaN may need leaving out, or a copy with the caller's strides), a dense
+tensor in the value's dimension order for ``MeanMetric``'s ``value * weight``. Values of float16, bfloat16 and float64
+are cast to the metric's dtype where stock casts them. A batch without NaN therefore gives stock's bits on both paths
+(``tests/test_strided_parity.py``); one with NaN under ``"warn"``/``"ignore"`` on the device path adds its kept
+entries in another order than stock's compacted tensor (stock's shape depends on the data: no sync-free update can
+reproduce it).
 
 Deliberate deviations from stock, each a stock bug (tested in ``tests/test_aggregation_parity.py``):
 
 * float ``nan_strategy`` no longer writes into the caller's value and weight tensors; with a broadcast weight
   (e.g. a 0-dim weight tensor) only the NaN positions get the fill weight, instead of every position;
 * ``nan_strategy="disable"`` applies the given weights (stock 1.7+ silently replaces them with ones);
-* on torchmetrics 1.6, ``MeanMetric.update(value, weight=None)`` means unit weights, as in later releases.
+* on torchmetrics 1.6, ``MeanMetric.update(value, weight=None)`` means unit weights, as in later releases;
+* device path, ``MeanMetric``/``SumMetric`` with ``"warn"``/``"ignore"`` and a batch that holds NaN: the kept entries
+  are added in the input's order (NaN entries add +0), not in the order of stock's compacted copy: equal up to float
+  rounding (``rtol`` 1e-5 in the tests), not to the bit.
 
 How the checks of ``"warn"``/``"error"`` reach the user: see :mod:`torchmetrics_syncfree._deferred`. Where reads are
 free (CPU) at once, as stock; on the device path (CUDA, ``torch.compile``) the NaN count is a metric state reported at
@@ -35,6 +49,7 @@ its list state and leaves it out of ``compute()``.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -79,9 +94,11 @@ def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
 def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tensor | None:
     """Entries of ``value`` that the metric's ``nan_strategy`` leaves out (or imputes), computed on the device.
 
-    Returns ``None`` when no entry needs leaving out: for ``"disable"``, and where the check was read at once (CPU)
-    and found no NaN. For ``"error"`` the whole batch is masked when it contains a NaN, because stock never lets such
-    a batch reach the state. Errors and warnings are raised through :mod:`_deferred`.
+    Returns ``None`` when no entry needs leaving out: for ``"disable"``, and where reads are free (CPU) and the check
+    found no NaN, so that the update takes stock's own steps. Where reads are free, a mask that is not ``None`` means
+    the batch holds NaN; on the device path it may hold none. For ``"error"`` the mask is the 0-dim flag "this batch
+    holds a NaN" (it broadcasts over the batch), because stock never lets such a batch reach the state. Errors and
+    warnings are raised through :mod:`_deferred`.
 
     """
     strategy = metric.nan_strategy
@@ -92,10 +109,11 @@ def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tenso
         nans = nans | torch.isnan(weight)
     if strategy == "error":
         any_nan = nans.any()
-        return any_nan.expand(nans.shape) if _deferred.record(metric, NAN_ERROR, any_nan) else None
-    if strategy == "warn" and not _deferred.record(metric, NAN_WARNING, nans.any()):
-        return None
-    return nans
+        return any_nan if _deferred.record(metric, NAN_ERROR, any_nan) else None
+    if strategy == "warn":
+        return nans if _deferred.record(metric, NAN_WARNING, nans.any()) else None
+    # "ignore" and float strategies report nothing; where reading the check is free, stock's ``if nans.any()``
+    return None if _deferred.reads_are_free(nans) and not nans.any() else nans
 
 
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -107,23 +125,105 @@ def _impute_value(metric: Any) -> float | None:
     return strategy if isinstance(strategy, float) else None
 
 
-def _impute(x: Tensor, mask: Tensor, fill: float) -> Tensor:
-    """``x`` with the masked entries set to ``fill``, in ``x``'s own dtype, as stock's ``x[mask] = fill`` does.
+def _fill_of(x: Tensor, fill: float) -> Tensor:
+    """``fill`` as a 0-dim tensor of ``x``'s dtype, as stock's indexed write ``x[mask] = fill`` stores it.
 
     Stock imputes before the cast to the metric's dtype, so the fill is what the input's dtype makes of it: 0.1 is
     0.0999756 in float16, 1e5 is ``inf`` there, 2.5 is 2 in an integer tensor. ``masked_fill`` would raise for a fill
     the dtype cannot hold; a cast of a 0-dim tensor saturates as the indexed write does.
     """
     work_dtype = torch.promote_types(x.dtype, torch.float32)
-    return x.masked_fill(mask, torch.full((), fill, dtype=work_dtype, device=x.device).to(x.dtype))
+    return torch.full((), fill, dtype=work_dtype, device=x.device).to(x.dtype)
+
+
+def _impute(x: Tensor, mask: Tensor, value: Tensor | float, own_nans: bool = False) -> Tensor:
+    """A new tensor: ``x`` with the masked entries ``value``, with ``x``'s sizes and strides where it can.
+
+    Stock writes into the caller's tensor (``x[mask] = fill``), so what it reduces afterwards has the caller's strides,
+    and a float sum adds in an order that depends on them (CPU kernels vectorise over unit-stride memory and walk other
+    layouts element by element; over a dense tensor they follow its memory order). ``masked_fill`` makes a contiguous
+    result and ``torch.where`` lays its result out as its mask; where neither is ``x``'s layout the result is copied
+    into a tensor with ``x``'s strides (``empty_strided`` also holds the gaps of a view such as a column). Entries
+    that share memory (stride 0 of ``expand``) cannot take different values: where ``mask`` is ``x``'s own NaN
+    pattern (``own_nans``; entries that share memory share NaN) the memory span of ``x`` is imputed and viewed with
+    ``x``'s strides; for another mask the result is dense, and :func:`_sum_as_stock` takes ``x``'s own sum when
+    nothing is masked. A tensor ``value`` goes to ``torch.where``, never to ``masked_fill`` (which reads a 0-dim value
+    tensor on the host on CUDA); a number to ``masked_fill`` where ``x`` is contiguous (one op, no scalar tensor).
+    """
+    if isinstance(value, float) and x.is_contiguous():
+        return x.masked_fill(mask, value)
+    if not _aliased(x):
+        filled = torch.where(mask, value, x)
+        if filled.stride() == x.stride():
+            return filled
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(filled)
+    if not own_nans:
+        return torch.where(mask, value, x)
+    span = x.as_strided((1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())),), (1,))
+    return torch.where(torch.isnan(span), value, span).as_strided(x.shape, x.stride())
+
+
+def _zeroed(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` with the masked entries 0: dense, laid out as elementwise ops on ``x`` lay out their results.
+
+    ``masked_fill`` (one op) where ``x`` is contiguous; else ``torch.where``, whose result follows its mask, a result
+    of elementwise ops on ``x``.
+    """
+    return x.masked_fill(mask, 0.0) if x.is_contiguous() else torch.where(mask, 0.0, x)
+
+
+def _sum_as_stock(x: Tensor, imputed: Tensor, mask: Tensor) -> Tensor:
+    """The sum of ``imputed`` (``x`` through :func:`_impute`) in the order of stock's sum over ``x`` imputed in place.
+
+    Where ``imputed`` could not keep ``x``'s layout (entries of ``x`` share memory, the mask is not theirs) and the
+    mask may be clear (device path), the batch's sum is ``x``'s own unless something is masked: one more reduction,
+    so that a batch without NaN gets stock's bits.
+    """
+    if not _aliased(x) or imputed.stride() == x.stride() or _deferred.reads_are_free(mask):
+        return imputed.sum()
+    return torch.where(mask.any(), imputed.sum(), x.sum())
+
+
+def _strides_by_size(x: Tensor) -> list[tuple[int, int]]:
+    return sorted((stride, size) for size, stride in zip(x.shape, x.stride()) if size != 1)
+
+
+def _dense(x: Tensor) -> bool:
+    """Whether ``x`` fills its memory span once, without gaps (torch's "non-overlapping and dense").
+
+    A reduction over a dense tensor adds in memory order, as over any dense result of elementwise ops on it (same
+    strides), such as stock's ``value * ones_like(value)``; over a view with gaps or shared entries it takes another
+    order, and ``clone()`` gives the dense layout elementwise ops would (torch's ``infer_dense_strides``).
+    """
+    if x.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in _strides_by_size(x):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _aliased(x: Tensor) -> bool:
+    """Whether two entries of ``x`` may share memory (stride 0 of ``expand``, overlapping ``as_strided`` views)."""
+    reach = 1
+    for stride, size in _strides_by_size(x):
+        if stride < reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def _cast_and_neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
-    """``value`` in the metric's dtype with the entries masked by the NaN strategy imputed or set to ``neutral``."""
+    """``value`` in the metric's dtype with the entries masked by the NaN strategy imputed or set to ``neutral``.
+
+    For Max/Min/Cat, whose results do not depend on the order of the entries (layouts do not matter here).
+    """
     mask = _nan_mask(metric, value)
     fill = _impute_value(metric)
     if mask is not None and fill is not None:
-        value, mask = _impute(value, mask, fill), None
+        value, mask = torch.where(mask, _fill_of(value, fill), value), None
     value = _as_dtype(value, metric.dtype)
     return value if mask is None else value.masked_fill(mask, neutral)
 
@@ -165,8 +265,8 @@ def _cast_and_nan_check_input(
     mask = _nan_mask(self, x, weight)
     fill = _impute_value(self)
     if mask is not None and fill is not None:
-        x = _impute(x, mask, fill)
-        weight = _impute(weight, mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill)
+        x = _impute(x, mask, _fill_of(x, fill))
+        weight = _impute(weight, mask, _fill_of(weight, 1.0 if _FILL_WEIGHT_IS_ONE else fill))
     return x.to(self.dtype), weight.to(self.dtype)
 
 
@@ -191,53 +291,114 @@ def _mean_fold(self: Any, value: float | Tensor, weight: float | Tensor | None) 
         return
     mask = _nan_mask(self, value, weight)
     fill = _impute_value(self)
-    if mask is not None and fill is not None:  # before the casts, as stock (see _impute)
-        value = _impute(value, mask, fill)
-        if weight is not None or not _FILL_WEIGHT_IS_ONE:
-            unit = torch.ones_like(value, dtype=self.dtype)  # stock 1.6's default weight: 1.0 in the metric's dtype
-            weight = _impute(unit if weight is None else weight, mask, 1.0 if _FILL_WEIGHT_IS_ONE else fill)
-        mask = None
-    value = _as_dtype(value, self.dtype)
-    if weight is not None:
-        weight = _as_dtype(weight, self.dtype)
+    if weight is None and (fill is None or mask is None or _FILL_WEIGHT_IS_ONE):
+        sums = _unit_weight_sums(self, value, mask, fill)
+    else:
+        if weight is None:  # torchmetrics 1.6: the default weight 1.0 takes the fill value where NaN is imputed
+            weight = torch.ones_like(value, dtype=self.dtype)
+        sums = _weighted_sums(self, value, weight, mask, fill)
     # the states are updated in place (no attribute assignment): the same tensors, without nn.Module.__setattr__,
     # and what a CUDA graph replays
-    if weight is None:
-        if mask is None:
-            add_to_states(self, _MEAN_STATES, (value.sum(), value.numel()))
-        else:
-            add_to_states(
-                self,
-                _MEAN_STATES,
-                (value.masked_fill(mask, 0.0).sum(), mask.logical_not().sum(dtype=self.weight.dtype)),
-            )
-        return
-    if mask is not None:
-        # both factors masked, not their product: a NaN weight must not reach the gradient of the value (0 * NaN)
-        value = value.masked_fill(mask, 0.0)
-        weight = weight.masked_fill(mask, 0.0)
-    add_to_states(self, _MEAN_STATES, ((value * weight).sum(), weight.sum()))
+    add_to_states(self, _MEAN_STATES, sums)
+
+
+def _unit_weight_sums(metric: Any, value: Tensor, mask: Tensor | None, fill: float | None) -> tuple[Tensor, Any]:
+    """MeanMetric's sums for unit weights, in stock's order, without a tensor of ones.
+
+    Stock sums ``value * ones_like(value)``: a dense tensor laid out as ``value`` if that is dense, else as elementwise
+    ops lay out their results (``clone()`` gives that layout). Its weight is the count of the entries it keeps.
+    """
+    value_ = _as_dtype(value, metric.dtype)
+    if mask is None:
+        return (value_ if _dense(value_) else value_.clone()).sum(), value.numel()
+    if metric.nan_strategy == "error":  # device path: a batch that holds NaN never reaches the state
+        total = (value_ if _dense(value_) else value_.clone()).sum()
+        return total.masked_fill(mask, 0.0), mask.logical_not() * value.numel()
+    if fill is not None:  # imputed before the cast (see _fill_of); an imputed entry weighs 1 (1.7+)
+        return _as_dtype(torch.where(mask, _fill_of(value, fill), value), metric.dtype).sum(), value.numel()
+    if _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction, which reads (free here)
+        kept = value_[~mask]
+        return kept.sum(), kept.numel()
+    # device path: NaN entries add 0 where they are; ``nansum`` adds in ``sum``'s order, without a copy
+    total = value_.nansum() if _dense(value_) else _zeroed(value_, mask).sum()
+    return total, mask.logical_not().sum(dtype=metric.weight.dtype)
+
+
+def _weighted_sums(
+    metric: Any, value: Tensor, weight: Tensor, mask: Tensor | None, fill: float | None
+) -> tuple[Tensor, Tensor]:
+    """MeanMetric's sums ``(value * weight).sum()`` and ``weight.sum()`` in stock's order, NaN as the strategy says.
+
+    Stock's product is a dense tensor laid out by the value; its weight sum runs over the weight as given (a broadcast
+    weight included), so a weight with masked entries keeps the weight's strides (:func:`_impute`).
+    """
+    if mask is None:
+        value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
+        return (value * weight).sum(), weight.sum()
+    if metric.nan_strategy == "error":  # device path: a batch that holds NaN never reaches the state
+        value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
+        if value.requires_grad:  # a NaN weight must not reach the value's gradient (0 * NaN)
+            value = torch.where(mask, 0.0, value)
+        return (value * weight).sum().masked_fill(mask, 0.0), weight.sum().masked_fill(mask, 0.0)
+    if fill is not None:  # imputed before the casts (see _fill_of), where stock writes them
+        imputed = _impute(weight, mask, _fill_of(weight, 1.0 if _FILL_WEIGHT_IS_ONE else fill))
+        value = _as_dtype(torch.where(mask, _fill_of(value, fill), value), metric.dtype)
+        weight, imputed = _as_dtype(weight, metric.dtype), _as_dtype(imputed, metric.dtype)
+        return (value * imputed).sum(), _sum_as_stock(weight, imputed, mask)
+    value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
+    if _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction, which reads (free here)
+        kept = ~mask
+        value, weight = value[kept], weight[kept]
+        return (value * weight).sum(), weight.sum()
+    # device path: both factors masked, not their product: a NaN weight must not reach the value's gradient (0 * NaN)
+    masked = _impute(weight, mask, 0.0)
+    return (_zeroed(value, mask) * masked).sum(), _sum_as_stock(weight, masked, mask)
 
 
 _MEAN_STATES = ("mean_value", "weight")
 
 
 def _update_single(
-    metric: Any, qualname: str, value: float | Tensor, neutral: float, fold: Callable[[Tensor], None]
+    metric: Any, qualname: str, value: float | Tensor, neutral: float | None, fold: Callable[[Tensor], None]
 ) -> None:
-    """The common body of Sum/Max/Min/Cat ``update``: cast, check, neutralise NaN entries, fold into the state."""
+    """The common body of Sum/Max/Min/Cat ``update``: cast, check, neutralise NaN entries, fold into the state.
+
+    ``neutral=None``: ``fold`` gets the batch as given and does all of that itself (SumMetric, :func:`_sum_of`).
+    """
     if _uses_stock_nan_check(metric):
         return _stock_update(metric, qualname, value)
     value = _to_metric_tensor(metric, value)
     if value.numel():
-        fold(_cast_and_neutralise(metric, value, neutral))
+        fold(value if neutral is None else _cast_and_neutralise(metric, value, neutral))
     _deferred.sweep(metric)
     return None
 
 
 @replaces(f"{_MODULE}.SumMetric.update", params=("self", "value"), kind="metric_method")
 def _sum_update(self: Any, value: float | Tensor) -> None:
-    _update_single(self, "SumMetric.update", value, 0.0, lambda v: add_to_states(self, ("sum_value",), (v.sum(),)))
+    _update_single(
+        self, "SumMetric.update", value, None, lambda v: add_to_states(self, ("sum_value",), (_sum_of(self, v),))
+    )
+
+
+def _sum_of(metric: Any, value: Tensor) -> Tensor:
+    """SumMetric's batch total: stock's ``value.to(dtype).sum()`` over the caller's layout, NaN as the strategy says.
+
+    A NaN entry that is left out or imputed with +0.0 adds +0.0 where it is (``nansum``: the same order as ``sum``,
+    no copy), so a batch without NaN gets stock's bits on the device path too.
+    """
+    mask = _nan_mask(metric, value)
+    if mask is None:
+        return _as_dtype(value, metric.dtype).sum()
+    fill = _impute_value(metric)
+    if fill is not None and (fill != 0.0 or math.copysign(1.0, fill) < 0):
+        return _as_dtype(_impute(value, mask, _fill_of(value, fill), own_nans=True), metric.dtype).sum()
+    value = _as_dtype(value, metric.dtype)
+    if metric.nan_strategy == "error":  # device path: a batch that holds NaN never reaches the state
+        return value.sum().masked_fill(mask, 0.0)
+    if fill is None and _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction (reads, free here)
+        return value[~mask].sum()
+    return value.nansum()
 
 
 def _fold_extreme(metric: Any, name: str, extreme: Callable[[Tensor, Tensor], Tensor], batch: Tensor) -> None:
