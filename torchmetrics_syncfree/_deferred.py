@@ -157,6 +157,11 @@ else:
     _is_dynamo_compiling, _compiling_flags = torch.compiler.is_compiling, SimpleNamespace(_is_compiling_flag=False)
 
 
+def is_compiling() -> bool:
+    """Whether ``torch.compile`` (dynamo, export) is tracing now; one Python call (see :func:`reads_are_free`)."""
+    return _is_dynamo_compiling() or _compiling_flags._is_compiling_flag
+
+
 def reads_are_free(tensor: Tensor) -> bool:
     """Whether reading ``tensor`` on the host costs nothing right now.
 

@@ -49,11 +49,29 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -
     """``metric.<name> += value`` for each state name: in place, or as new tensors where the states are read-only.
 
     The states of one metric are made together (by ``reset()``, ``forward()`` or the constructor), so the first one
-    tells for all of them.
+    tells for all of them. Several tensor values are added by one ``torch._foreach_add_``: one kernel launch on CUDA
+    (its multi-tensor path) where separate ``add_`` calls launch one each.
     """
     if read_only(getattr(metric, names[0])):
         for name, value in zip(names, values):
             setattr(metric, name, getattr(metric, name) + value)
         return
+    if len(names) > 1 and all(isinstance(value, Tensor) for value in values):
+        # one op for all of them: on CUDA one multi-tensor kernel instead of one launch per state
+        torch._foreach_add_([getattr(metric, name) for name in names], list(values))
+        return
     for name, value in zip(names, values):
         getattr(metric, name).add_(value)
+
+
+def add_to_state_if(metric: Any, name: str, value: Tensor, keep: Tensor) -> None:
+    """``metric.<name> += value * keep`` (``keep``: a 0-dim bool, "this batch enters the state") in one op.
+
+    ``addcmul_`` in place: the batch is left out by the same kernel that adds it; as a new tensor where the state is
+    read-only (:func:`read_only`).
+    """
+    state = getattr(metric, name)
+    if read_only(state):
+        setattr(metric, name, state + value * keep)
+    else:
+        state.addcmul_(value, keep)

@@ -58,11 +58,14 @@ from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states
+from torchmetrics_syncfree._states import add_to_state_if, add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
     _check_binary_values,
     _confusion_bins,
     _count,
+    _lean_confusion,
+    _lean_counting,
+    _multiclass_shape_checks,
     _multiclass_stat_scores_tensor_validation,
     _safe_divide,
     _without_invalid,
@@ -270,6 +273,17 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
 @replaces(f"{_MODULE}.MulticlassConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
+    if _lean_counting(preds, target):
+        checked = self if self.validate_args else None
+        if checked is not None:
+            _multiclass_shape_checks(preds, target, self.num_classes, "global")
+        confmat, keep = _lean_confusion(preds, target, self.num_classes, self.ignore_index, checked)
+        if keep is None:
+            add_to_states(self, ("confmat",), (confmat,))
+        else:
+            add_to_state_if(self, "confmat", confmat, keep)
+        _deferred.sweep(self)
+        return
     invalid = None
     if self.validate_args:
         invalid = _multiclass_confusion_matrix_tensor_validation(
