@@ -222,7 +222,7 @@ def _run_launch_audit(args: argparse.Namespace) -> int:
     from torchmetrics_syncfree import audit
 
     try:
-        results = audit.launch_audit(args.classes, args.metric)
+        results = audit.launch_audit(args.classes, args.metric, include_catalogue=args.catalogue)
     except (audit.SpecError, RuntimeError) as err:
         print(f"torchmetrics-syncfree audit: {err}", file=sys.stderr)
         return 2

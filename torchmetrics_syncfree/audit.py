@@ -582,8 +582,10 @@ def _count_call_launches(config: Config) -> tuple[dict[str, int], dict[str, dict
     return counts, ops
 
 
-def launch_audit(class_counts: Sequence[int] = LAUNCH_CLASSES, specs: Sequence[str] = ()) -> list[LaunchResult]:
-    """Launches per ``update``/``forward`` of the catalogue at each class count (and ``specs``), stock vs patched.
+def launch_audit(
+    class_counts: Sequence[int] = LAUNCH_CLASSES, specs: Sequence[str] = (), include_catalogue: bool = False
+) -> list[LaunchResult]:
+    """Launches per ``update``/``forward`` of ``specs`` (default: the catalogue at each class count), stock vs patched.
 
     Patched is the device path (what a GPU runs: ``force_device_path``) with the check counters' host copy still in
     flight (a GPU a step behind: the end-of-update sweep launches no copy while one is under way). Stock TorchMetrics
@@ -593,11 +595,11 @@ def launch_audit(class_counts: Sequence[int] = LAUNCH_CLASSES, specs: Sequence[s
 
     _require_stock()
     _registry._load_areas()
-    results = [
-        LaunchResult(config, classes)
-        for classes in class_counts
-        for config in [*catalogue(classes, classes), *(Config(spec) for spec in specs)]
-    ]
+    for spec in specs:
+        parse_spec(spec)  # fail on a bad spec before measuring anything
+    results = [LaunchResult(Config(spec), 0) for spec in specs]
+    if include_catalogue or not specs:
+        results += [LaunchResult(config, classes) for classes in class_counts for config in catalogue(classes, classes)]
     for mode in MODES:
         with _mode(mode), _deferred.simulated_copy_delay(None):
             _deferred.force_device_path(mode == "patched")

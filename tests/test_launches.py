@@ -1,0 +1,139 @@
+"""Kernel launches per call: the counter, the audit's ``--launches`` report, and the launch budget of the device path.
+
+The budget (issue 26): over the audit catalogue at 10 and 1000 classes, the patched device path (the check counters'
+host copy in flight) launches at most stock's total per call, and no configuration more than the larger of 1.25x and
+stock's + 4. Counts are deterministic: the tests assert them. Configurations still over the budget are listed in
+:data:`OVER_BUDGET`; the test fails when one of them comes within it (take it off the list) as well as when another
+one goes over, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from torchmetrics_syncfree import __main__ as cli
+from torchmetrics_syncfree import audit
+from torchmetrics_syncfree.launches import LaunchCounter, launches
+
+CLASSES = (10, 1000)
+CLASS_COUNT = re.compile(r"(num_classes|num_labels)=\d+")
+
+#: (call, class count) -> catalogue specifications (class counts written ``C``) still over the budget
+_CURVES_AND_OTHERS = {
+    "AUROC(task='multiclass', num_classes=C, thresholds=None)",
+    "AveragePrecision(task='multiclass', num_classes=C, average='weighted')",
+    "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
+    "AUROC(task='binary', thresholds=100)",
+    "ConfusionMatrix(task='binary')",
+    "ConfusionMatrix(task='multilabel', num_labels=C)",
+    "ExactMatch(task='multiclass', num_classes=C)",
+    "GeneralizedDiceScore(num_classes=C, input_format='index', per_class=True)",
+    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
+    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='one-vs-all')",
+    "LogAUC(task='multiclass', num_classes=C, average='macro')",
+    "ROC(task='binary', thresholds=100)",
+}
+_FORWARD = {
+    "AUROC(task='binary', max_fpr=0.5)",
+    "AUROC(task='binary', thresholds=100)",
+    "AUROC(task='binary', thresholds=None)",
+    "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
+    "CohenKappa(task='multiclass', num_classes=C)",
+    "ConfusionMatrix(task='binary')",
+    "ConfusionMatrix(task='multiclass', num_classes=C, normalize='true')",
+    "ConfusionMatrix(task='multiclass', num_classes=C, normalize=None)",
+    "ConfusionMatrix(task='multilabel', num_labels=C)",
+    "ExactMatch(task='multiclass', num_classes=C)",
+    "GeneralizedDiceScore(num_classes=C, input_format='index', per_class=True)",
+    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
+    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='one-vs-all')",
+    "ROC(task='binary', thresholds=100)",
+    "SpearmanCorrCoef()",
+}
+OVER_BUDGET = {
+    ("update", 10): _CURVES_AND_OTHERS
+    | {
+        "AUROC(task='multiclass', num_classes=C, thresholds=100)",
+        "PrecisionRecallCurve(task='multiclass', num_classes=C, thresholds=100)",
+    },
+    ("update", 1000): _CURVES_AND_OTHERS,
+    ("forward", 10): _FORWARD
+    | {
+        "AUROC(task='multiclass', num_classes=C, thresholds=100)",
+        "PrecisionRecallCurve(task='multiclass', num_classes=C, thresholds=100)",
+    },
+    ("forward", 1000): _FORWARD,
+}
+#: (call, class count) whose patched total is still above stock's
+TOTAL_OVER_STOCK = {("update", 10)}
+
+
+# ----------------------------------------------------------------------------------------------- the counter
+
+
+def test_views_allocations_and_metadata_launch_nothing() -> None:
+    x = torch.rand(4, 6)
+    with LaunchCounter() as counter:
+        x.view(6, 4).t().unsqueeze(0).expand(3, 4, 6)[1, :, ::2].detach()
+        torch.empty(5)
+        torch.empty_like(x)
+        x.reshape(24)
+        x.size(0)
+    assert counter.count == 0, counter.ops
+
+
+def test_arithmetic_copies_and_fills_launch_one_each() -> None:
+    x = torch.rand(4, 6)
+    with LaunchCounter() as counter:
+        y = x * 2  # 1
+        y.add_(1)  # 1
+        x.clone()  # 1
+        x.to(torch.float64)  # 1
+        torch.zeros(3)  # 1 (a fill)
+        torch.full((2,), 3.0)  # 1
+        float(y.sum())  # sum 1, _local_scalar_dense 1 (a device-to-host copy)
+    assert counter.count == 8, counter.ops
+
+
+def test_every_aten_overload_is_classified_once() -> None:
+    assert launches(torch.ops.aten.add.Tensor) and not launches(torch.ops.aten.view.default)
+    assert not launches(torch.ops.aten.empty.memory_format) and launches(torch.ops.aten.zeros.default)
+
+
+# ----------------------------------------------------------------------------------------------- the report
+
+
+def test_the_audit_reports_launches_stock_vs_patched(capsys: pytest.CaptureFixture) -> None:
+    status = cli.main(["audit", "--launches", "--metric", "MulticlassConfusionMatrix(num_classes=10)", "--json"])
+    assert status == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["launches"]["stock"] == {"update": 5, "forward": 9}
+    assert row["launches"]["patched"]["update"] <= 9  # the budget: max(1.25 x 5, 5 + 4)
+    assert row["ops"]["patched"]["update"].get("aten.scatter_add_.default") == 1
+
+
+# ----------------------------------------------------------------------------------------------- the budget
+
+
+@pytest.fixture(scope="module")
+def launch_results() -> list[audit.LaunchResult]:
+    return audit.launch_audit(CLASSES)
+
+
+@pytest.mark.slow  # the catalogue differs between releases; the latest release holds the budget
+@pytest.mark.parametrize("classes", CLASSES)
+@pytest.mark.parametrize("call", audit.LAUNCH_CALLS)
+def test_the_device_path_keeps_the_launch_budget(
+    launch_results: list[audit.LaunchResult], call: str, classes: int
+) -> None:
+    rows = [r for r in launch_results if r.classes == classes]
+    over = {CLASS_COUNT.sub(r"\1=C", r.config.spec) for r in rows if r.over_budget(call)}
+    assert over - OVER_BUDGET[call, classes] == set(), "over the launch budget now"
+    assert OVER_BUDGET[call, classes] - over == set(), "within the budget now: take them off OVER_BUDGET"
+    stock = sum(r.launches["stock"][call] for r in rows)
+    patched = sum(r.launches["patched"][call] for r in rows)
+    assert (patched > stock) == ((call, classes) in TOTAL_OVER_STOCK), (stock, patched)
