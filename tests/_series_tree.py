@@ -282,25 +282,36 @@ def _link_changed_modules(loaded: dict[str, ModuleType]) -> None:
                 setattr(module, attr, getattr(source, value.__name__))
 
 
-def _load_changed(patched_src: Path, names: list[str]) -> dict[str, ModuleType]:
+def _load_changed(patched_src: Path, names: list[str], added: dict[str, Path] | None = None) -> dict[str, ModuleType]:
     """Load the changed modules ``names`` of the patched tree under :data:`_ALIAS`, in the order of ``names``.
 
     The module-level names a changed module adds (its new helpers) are set on the unpatched module of its name as soon
     as it is loaded, for imports from the series' code. A changed module may import another's new helpers at its top
     (``from torchmetrics.functional.classification.stat_scores import _count``): if its import fails because they
     are not there yet, it is loaded again once the others are.
+
+    The modules the series adds (``added``: name -> file) are loaded first, under their own names
+    (:func:`_install_added`), in the same loop: an added module may import another (``utilities/deferred.py`` imports
+    ``utilities/states.py``, which sorts after it) or a changed module's new helper, and most changed modules import
+    ``torchmetrics.utilities.deferred``.
     """
     loaded: dict[str, ModuleType] = {}
-    pending = names
+    files = {name: (file, True) for name, file in (added or {}).items()}
+    files.update({name: (patched_src / Path(*name.split(".")).with_suffix(".py"), False) for name in names})
+    pending = list(files)
     while pending:
         failed: list[tuple[str, ImportError]] = []
         for name in pending:
-            alias = f"{_ALIAS}.{name}"
+            file, is_added = files[name]
+            alias = name if is_added else f"{_ALIAS}.{name}"
             try:
-                module = _load(patched_src / Path(*name.split(".")).with_suffix(".py"), alias)
+                module = _load(file, alias)
             except ImportError as err:
                 sys.modules.pop(alias, None)
                 failed.append((name, err))
+                continue
+            if is_added:
+                _install_added(name, module)
                 continue
             loaded[name] = module
             stock = importlib.import_module(name)
@@ -311,6 +322,15 @@ def _load_changed(patched_src: Path, names: list[str]) -> dict[str, ModuleType]:
             raise failed[0][1]
         pending = [name for name, _ in failed]
     return {name: loaded[name] for name in names}
+
+
+def _install_added(name: str, module: ModuleType) -> None:
+    """Make ``module``, which the series adds, importable as ``name`` (its parent's attribute too)."""
+    parent, _, leaf = name.rpartition(".")
+    setattr(importlib.import_module(parent), leaf, module)
+    _added[name] = module
+    if name == "torchmetrics.utilities.deferred":
+        _simulate_device(module)
 
 
 def _with_stock_class(function: Any, target: str) -> Any:
@@ -345,16 +365,9 @@ def install(tree: Path) -> str:
     if problems:
         raise pytest.UsageError("the patch series and the monkeypatch layer drifted apart:\n  " + "\n  ".join(problems))
     added, _ = _changed_files(stock_src, patched_src)
-    for file in added:  # new modules of the series, under their own names
-        name = _module_name(patched_src, file)
-        module = _load(file, name)
-        parent, _, leaf = name.rpartition(".")
-        setattr(importlib.import_module(parent), leaf, module)
-        _added[name] = module
-        if name == "torchmetrics.utilities.deferred":
-            _simulate_device(module)
     swapped = []
-    loaded = _load_changed(patched_src, list(targets))
+    # new modules of the series under their own names, with the changed ones
+    loaded = _load_changed(patched_src, list(targets), {_module_name(patched_src, file): file for file in added})
     _link_changed_modules(loaded)
     for name, specs in targets.items():
         module = loaded[name]

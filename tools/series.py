@@ -161,6 +161,8 @@ TESTS_FOR_SOURCE = {
         True,
     ),
     **{path: (tests, True) for path, tests in REGRESSION_TESTS.items()},
+    # the in-place state updates' helpers: metrics across inference-mode epochs (not heavy, seconds)
+    "src/torchmetrics/utilities/states.py": (("unittests/bases/test_inference_mode.py",), False),
     "src/torchmetrics/metric.py": (
         (
             "unittests/bases/test_metric.py",
@@ -270,6 +272,8 @@ PROJECT_TESTS_FOR_SOURCE = {
     + CLASSIFICATION_PROJECT_TESTS
     + DEFERRED_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
+    # the helpers of the in-place state updates (and their case of states made under inference mode)
+    "src/torchmetrics/utilities/states.py": ("tests/test_lifecycle_modes.py", *AGGREGATION_PROJECT_TESTS),
     "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS + FULL_STATE_FORWARD_PROJECT_TESTS,
     "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS
