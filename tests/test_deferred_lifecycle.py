@@ -127,8 +127,9 @@ class _SeesItsStates(SumMetric):
         super().update(value)
 
 
-def test_forward_leaves_idle_counters_out_of_its_state_work(path: str) -> None:
-    """Where reads are free nothing writes the counters: forward neither copies, resets nor reduces them."""
+def test_reduce_state_forward_leaves_the_counters_out_of_its_state_work(path: str) -> None:
+    """Forward neither copies, resets nor reduces the counters: idle where reads are free; on the device path its one
+    update of the batch counts into them in place (three launches fewer per forward than stock's state work)."""
     metric = _SeesItsStates(nan_strategy="error")
     defaults, counters = metric._defaults, getattr(metric, _deferred.STATE)
     assert metric(t(2.0)) == 2.0
@@ -137,11 +138,10 @@ def test_forward_leaves_idle_counters_out_of_its_state_work(path: str) -> None:
             metric(t(NAN))
     else:
         metric(t(NAN))
-    assert metric.counters_seen == ([False, False] if path == "cpu" else [True, True])
+    assert metric.counters_seen == [False, False]
     assert metric._defaults is defaults and list(defaults) == ["sum_value", _deferred.STATE], "put back as it was"
-    if path == "cpu":
-        assert getattr(metric, _deferred.STATE) is counters, "left in place, not copied"
-    else:
+    assert getattr(metric, _deferred.STATE) is counters, "left in place, not copied"
+    if path != "cpu":
         with pytest.raises(RuntimeError, match=NAN_ERROR):
             metric.compute()
     assert metric.compute() == 2.0

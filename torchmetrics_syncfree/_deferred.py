@@ -382,6 +382,36 @@ def leave_out_idle_counters(metric: Any) -> dict[str, Any] | None:
     return defaults
 
 
+def leave_out_counters(metric: Any) -> tuple[dict[str, Any] | None, bool]:
+    """The reduce-state ``forward``: leave the check counters out of its state copy, reset and reduction.
+
+    Its one update of the batch is the update whose problems they count, so the counters stay where they are: written
+    in place by that update (and by the batch's ``compute``, which files its warnings), and read by the sweep at the
+    end. Stock's state work would copy, reset and sum them back (three kernel launches per ``forward`` on a GPU) for
+    the same result. Left in: the counters of a metric that syncs its states in ``forward`` (``dist_sync_on_step``),
+    and while ``torch.compile`` traces (the traced forward keeps stock's state work).
+
+    Returns:
+        ``(defaults, idle)``: the metric's own ``_defaults`` to put back in a ``finally`` when the counters were left
+        out (else ``None``), and whether they are idle (reads are free: :func:`leave_out_idle_counters`), so that
+        ``forward`` need not sweep.
+
+    """
+    counters = metric.__dict__.get(STATE)
+    if counters is None or metric.dist_sync_on_step:
+        return None, False
+    idle = reads_are_free(counters)
+    if not idle and is_compiling():
+        return None, False
+    defaults = metric._defaults
+    if STATE not in defaults:
+        return None, False
+    without_counters = dict(defaults)
+    del without_counters[STATE]
+    metric.__dict__["_defaults"] = without_counters
+    return defaults, idle
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # reading at eager points
 

@@ -174,7 +174,7 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
     # one function, no context manager: every Python call here is host time of every forward
-    defaults = _deferred.leave_out_idle_counters(self)
+    defaults, idle = _deferred.leave_out_counters(self)
     try:
         global_state = self._copy_state_dict()
         update_count = self._update_count
@@ -204,7 +204,7 @@ def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     finally:
         if defaults is not None:
             self.__dict__["_defaults"] = defaults
-    if defaults is None:  # (idle counters have nothing to report)
+    if not idle:  # (idle counters have nothing to report)
         _deferred.sweep(self)
     return batch_value
 
