@@ -60,14 +60,20 @@ from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_state_if, add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
+    _cached,
     _check_binary_values,
+    _checked_sink,
     _confusion_bins,
     _count,
+    _flat_long,
+    _into_sink,
     _lean_confusion,
     _lean_counting,
+    _mesh_counting,
     _multiclass_shape_checks,
     _multiclass_stat_scores_tensor_validation,
     _safe_divide,
+    _scatter_counts,
     _without_invalid,
     normalize_logits_if_needed,
 )
@@ -205,6 +211,36 @@ def _multilabel_confusion_counts(
     )
 
 
+def _lean_binary_confusion(
+    preds: Tensor, target: Tensor, threshold: float, ignore_index: int | None, metric: Any | None
+) -> tuple[Tensor, Tensor | None]:
+    """The 2x2 matrix of scores on the device path, validation folded in (see ``_lean_confusion``).
+
+    ``target * 2 + pred`` is a cell exactly when the target is 0 or 1: any other target lands in the sink cell, whose
+    count is the validation (``keep``: the batch enters the state); ignored entries weigh 0.
+    """
+    preds, target = preds.flatten(), _flat_long(target)
+    kept = None if ignore_index is None else target != ignore_index
+    labels = _probabilities(preds, kept, "sigmoid") > threshold
+    bins = _scatter_counts(_into_sink(labels.add(target, alpha=2), 4), 5, None if kept is None else kept.long())
+    return bins[:4].view(2, 2), _checked_sink(metric, bins[4])
+
+
+def _lean_multilabel_confusion(
+    preds: Tensor, target: Tensor, num_labels: int, threshold: float, ignore_index: int | None, metric: Any | None
+) -> tuple[Tensor, Tensor | None]:
+    """The ``(L, 2, 2)`` matrices of scores on the device path: each label's four cells and its sink cell."""
+    labels = normalize_logits_if_needed(preds, "sigmoid") > threshold
+    labels = torch.movedim(labels, 1, -1).reshape(-1, num_labels)
+    target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
+    weights = None if ignore_index is None else (target != ignore_index).long().flatten()
+    local = _into_sink(labels.add(target, alpha=2), 4)
+    device = local.device
+    offsets = _cached(device, ("label offsets", num_labels), lambda: torch.arange(0, 5 * num_labels, 5, device=device))
+    bins = _scatter_counts((local + offsets).flatten(), 5 * num_labels, weights).view(num_labels, 5)
+    return bins[:, :4].view(num_labels, 2, 2), _checked_sink(metric, bins[:, 4].sum())
+
+
 def _multiclass_confusion_counts(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool
 ) -> Tensor:
@@ -260,9 +296,31 @@ _multilabel_init = replaces(
 )(_deferred.checked_init(f"{_MODULE}.MultilabelConfusionMatrix.__init__", __name__, _kinds, size=2))
 
 
+def _add_counts(self: Any, confmat: Tensor, keep: Tensor | None) -> None:
+    """Add a lean update's counts (``keep``: the batch passed validation; ``None``: not validated), then sweep."""
+    if keep is None:
+        add_to_states(self, ("confmat",), (confmat,))
+    else:
+        add_to_state_if(self, "confmat", confmat, keep)
+    _deferred.sweep(self)
+
+
+def _lean_scores(self: Any, preds: Tensor, target: Tensor) -> bool:
+    """Whether a binary/multilabel update counts on the lean path: the device path, scores, validated shapes."""
+    if not preds.is_floating_point() or _deferred.reads_are_free(target) or _mesh_counting() or target.is_mps:
+        return False
+    if self.validate_args:
+        _check_same_shape(preds, target)
+    return True
+
+
 @replaces(f"{_MODULE}.BinaryConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
 def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
+    if _lean_scores(self, preds, target):
+        checked = self if self.validate_args else None
+        _add_counts(self, *_lean_binary_confusion(preds, target, self.threshold, self.ignore_index, checked))
+        return
     invalid = None
     if self.validate_args:
         invalid = _binary_confusion_matrix_tensor_validation(preds, target, self.ignore_index, metric=self)
@@ -277,12 +335,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         checked = self if self.validate_args else None
         if checked is not None:
             _multiclass_shape_checks(preds, target, self.num_classes, "global")
-        confmat, keep = _lean_confusion(preds, target, self.num_classes, self.ignore_index, checked)
-        if keep is None:
-            add_to_states(self, ("confmat",), (confmat,))
-        else:
-            add_to_state_if(self, "confmat", confmat, keep)
-        _deferred.sweep(self)
+        _add_counts(self, *_lean_confusion(preds, target, self.num_classes, self.ignore_index, checked))
         return
     invalid = None
     if self.validate_args:
@@ -298,6 +351,13 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
 @replaces(f"{_MODULE}.MultilabelConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
 def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
+    if preds.ndim >= 2 and preds.shape[1] == self.num_labels and _lean_scores(self, preds, target):
+        checked = self if self.validate_args else None
+        _add_counts(
+            self,
+            *_lean_multilabel_confusion(preds, target, self.num_labels, self.threshold, self.ignore_index, checked),
+        )
+        return
     invalid = None
     if self.validate_args:
         invalid = _multilabel_confusion_matrix_tensor_validation(

@@ -529,23 +529,52 @@ def _confusion_bins(
     return bins.view(num_classes, width), counted
 
 
-#: a 1-element int64 ``1`` per device: expanded (a view) into the unit weights of a counting scatter, instead of a
-#: ``ones_like`` fill kernel per update
-_units: dict[torch.device, Tensor] = {}
+#: small constants per (device, key): expanded unit weights and label offsets of the counting scatters, made once
+#: instead of a fill kernel per update
+_constants: dict[tuple[torch.device, Any], Tensor] = {}
+
+
+def _cached(device: torch.device, key: Any, make: Callable[[], Tensor]) -> Tensor:
+    """The constant ``make()``, made once per device and ``key``.
+
+    Made anew where none may be kept: while dynamo traces (the compiled graph makes its own) or while a CUDA graph is
+    captured (a tensor made then belongs to the graph's memory pool).
+    """
+    if _deferred.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return make()
+    found = _constants.get((device, key))
+    if found is None:
+        found = _constants[device, key] = make()
+    return found
 
 
 def _unit_weights(index: Tensor) -> Tensor:
-    """Ones shaped as ``index`` (int64) without a kernel launch once cached for its device.
+    """Ones shaped as ``index`` (int64): a view of a cached 1-element tensor (no kernel launch once cached)."""
+    device = index.device
+    return _cached(device, "unit", lambda: torch.ones(1, dtype=torch.long, device=device)).expand(index.shape)
 
-    Not cached while dynamo traces (the compiled graph makes its own) or while a CUDA graph is captured (a tensor made
-    then belongs to the graph's memory pool).
+
+def _into_sink(index: Tensor, cells: int) -> Tensor:
+    """``index`` (a new tensor: written in place) with every value outside ``[0, cells)`` made ``cells``, the sink."""
+    return index.clamp_(-1, cells).remainder_(cells + 1)
+
+
+def _scatter_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
+    """Counts of ``index`` (int64, all in ``[0, size)``) in ``size`` cells, weighted (``None``: unit weights)."""
+    weights = _unit_weights(index) if weights is None else weights
+    return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, weights)
+
+
+def _checked_sink(metric: Any | None, invalid: Tensor) -> Tensor | None:
+    """With ``metric`` (``validate_args``): file the count of invalid entries and return ``keep``.
+
+    The count is an error's: any positive count raises once at the next eager point. ``keep`` (0-dim: no invalid
+    entry) leaves the batch out of the state.
     """
-    if _deferred.is_compiling() or (index.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return torch.ones_like(index)
-    unit = _units.get(index.device)
-    if unit is None:
-        unit = _units[index.device] = torch.ones(1, dtype=torch.long, device=index.device)
-    return unit.expand(index.shape)
+    if metric is None:
+        return None
+    _deferred.record(metric, _deferred.INVALID_VALUES, invalid)
+    return invalid.eq(0)
 
 
 def _lean_counting(preds: Tensor, target: Tensor, multidim_average: str = "global") -> bool:
@@ -575,14 +604,10 @@ def _lean_confusion(
     """
     cells = num_classes * num_classes
     labels, target = _flat_long(preds.argmax(dim=1)), _flat_long(target)
-    index = labels.add(target, alpha=num_classes).clamp_(-1, cells).remainder_(cells + 1)
-    weights = _unit_weights(index) if ignore_index is None else (target != ignore_index).long()
-    bins = torch.zeros(cells + 1, dtype=torch.long, device=index.device).scatter_add_(0, index, weights)
-    confmat, sink = bins[:cells].view(num_classes, num_classes), bins[cells]
-    if metric is None:
-        return confmat, None
-    _deferred.record(metric, _deferred.INVALID_VALUES, sink)  # an error: any positive count raises once
-    return confmat, sink.eq(0)
+    index = _into_sink(labels.add(target, alpha=num_classes), cells)
+    weights = None if ignore_index is None else (target != ignore_index).long()
+    bins = _scatter_counts(index, cells + 1, weights)
+    return bins[:cells].view(num_classes, num_classes), _checked_sink(metric, bins[cells])
 
 
 def _stats_of_confusion(confmat: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
