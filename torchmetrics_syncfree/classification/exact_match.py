@@ -59,10 +59,10 @@ _MULTILABEL_IGNORES = "ignore_index" in inspect.signature(_STOCK_MULTILABEL_UPDA
 def _multiclass_exact_match_update(
     preds: Tensor, target: Tensor, multidim_average: str = "global", ignore_index: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Stock's statistics: ``masked_fill`` for ignored entries, the total made on the device."""
+    """Stock's statistics: ``masked_fill`` for ignored entries, the total made on the device, a match by ``all``."""
     if ignore_index is not None:
         preds = preds.masked_fill(target == ignore_index, ignore_index)
-    correct = (preds == target).sum(1) == preds.shape[1]
+    correct = (preds == target).all(1)  # stock's ``sum(1) == preds.shape[1]`` in one op
     correct = correct if multidim_average == "samplewise" else correct.sum()
     total = torch.full((), preds.shape[0] if multidim_average == "global" else 1, device=correct.device)
     return correct, total
@@ -86,7 +86,7 @@ def _multilabel_exact_match_update(
     if multidim_average == "global":
         preds = torch.movedim(preds, 1, -1).reshape(-1, num_labels)
         target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
-    correct = ((preds == target).sum(1) == num_labels).sum(dim=-1)
+    correct = (preds == target).all(1).sum(dim=-1)  # stock's ``(sum(1) == num_labels).sum(dim=-1)``
     total = torch.full((), preds.shape[0 if multidim_average == "global" else 2], device=correct.device)
     return correct, total
 

@@ -273,10 +273,11 @@ def _multilabel_stat_scores_tensor_validation(
 
 
 def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
-    """Bool mask of labels outside ``[0, num_classes)`` that are not ``ignore_index`` (NaN in a float target too)."""
-    mask = (labels < 0) | (labels >= num_classes)
-    if labels.is_floating_point():
-        mask |= labels.isnan()
+    """Bool mask of labels outside ``[0, num_classes)`` that are not ``ignore_index`` (NaN in a float target too).
+
+    A label is a class exactly when clamping it to the classes leaves it as it is (NaN: ``NaN != NaN``): two ops.
+    """
+    mask = labels.clamp(0, num_classes - 1) != labels
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
