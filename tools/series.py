@@ -224,9 +224,16 @@ IGNORED_TESTS = ("unittests/utilities/test_plot.py", "unittests/wrappers/test_fe
 #: test_merge_state_feature_for_different_metrics draws unseeded random labels and fails when both halves of the data
 #: happen to have the same accuracy (about 1 run in 18); the series does not touch ``merge_state``. The multilabel
 #: plot test of the confusion matrix needs matplotlib (as test_plot.py above); it fails the same unpatched.
+#: test_error_on_too_few_samples (v1.9.0's R2 suite) asserts that R2 of two unseeded ``randn`` targets is non-zero,
+#: but R2 is exactly 0 for near-constant targets (stock's ``isclose(tss, 0, atol=1e-4)``: the two within ~0.014,
+#: about 1 draw in 100); which draw it gets depends on the tests its xdist worker ran before it (it failed in 1 of 3
+#: runs of the patched v1.9.0 tree once 0030 added a test module; run alone, and in the others, it passes: the patched
+#: R2 gives stock's value for the same draw). What it checks (an error for one sample, none for two) is also checked
+#: by the rest of test_r2.py and tests/test_r2_explained_variance.py.
 DESELECTED_TESTS = (
     "unittests/utilities/test_utilities.py::test_check_full_state_update_fn",
     "unittests/bases/test_metric.py::test_merge_state_feature_for_different_metrics[BinaryAccuracy-",
+    "unittests/regression/test_r2.py::test_error_on_too_few_samples",
     "unittests/classification/test_confusion_matrix.py::TestMultilabelConfusionMatrix::test_multilabel_confusion_matrix_plot",
 )
 #: source path -> the project's suites (or test ids) that run against the patched tree (stock = the unpatched
