@@ -112,8 +112,8 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (320, 3200)
     ),
 )
-REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes=1000, average='macro')"
-REPORT_BATCH, REPORT_CLASSES = 128, 1000
+REPORT_STEP = "report step: MeanMetric(loss) + Accuracy/Precision/Recall/F1Score(num_classes={}, average='macro')"
+REPORT_BATCH = 128
 
 
 @dataclass
@@ -270,22 +270,33 @@ def test_paired_host_time_at_size(benchmark: Any, config: Config, batch: int, ca
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_paired_report_step(benchmark: Any) -> None:
+@pytest.mark.parametrize("path", ["cpu", "device"])
+@pytest.mark.parametrize("call", ["update", "forward"])
+@pytest.mark.parametrize("classes", [10, 1000])
+def test_paired_report_step(benchmark: Any, classes: int, call: str, path: str) -> None:
+    """The report's metric step (issue 26's host-time target): the patched device path against stock's CPU path."""
     gen = torch.Generator().manual_seed(0)
     loss = torch.rand((), generator=gen) * 7
-    logits = torch.randn(REPORT_BATCH, REPORT_CLASSES, generator=gen)
-    target = torch.randint(0, REPORT_CLASSES, (REPORT_BATCH,), generator=gen)
+    logits = torch.randn(REPORT_BATCH, classes, generator=gen)
+    target = torch.randint(0, classes, (REPORT_BATCH,), generator=gen)
 
     def make() -> _Side:
-        metrics = MetricSet(REPORT_CLASSES, "macro", "cpu")
+        metrics = MetricSet(classes, "macro", "cpu")
+        members = [metrics.loss, *metrics.classification.values()]
 
-        def step() -> None:
+        def update() -> None:
             metrics.update(loss, logits, target)
 
-        return _Side(step, [metrics.loss, *metrics.classification.values()], step)
+        def forward() -> None:
+            metrics.loss(loss)
+            for metric in metrics.classification.values():
+                metric(logits, target)
 
-    info = {"config": f"{REPORT_STEP} batch {REPORT_BATCH}", "call": "update", "area": "step", "batch": REPORT_BATCH}
-    _measure_pair(benchmark, make, info)
+        return _Side(update if call == "update" else forward, members, update)
+
+    config = f"{REPORT_STEP.format(classes)} batch {REPORT_BATCH}" + (" (device path)" if path == "device" else "")
+    info = {"config": config, "call": call, "area": "step", "batch": REPORT_BATCH}
+    _measure_pair(benchmark, make, info, device_path=path == "device")
 
 
 #: the configurations whose GPU code path is timed on CPU (the checks a GPU run files and sweeps)
