@@ -793,7 +793,8 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         if checked is not None:
             _multiclass_shape_checks(preds, target, self.num_classes, self.multidim_average)
         confmat, keep = _lean_confusion(preds, target, self.num_classes, self.ignore_index, checked)
-        self._update_state(*_stats_of_confusion(confmat if keep is None else confmat * keep))
+        stats = _stats_of_confusion(confmat)  # an invalid batch is left out of its C-sized stats, not its C*C matrix
+        self._update_state(*(stats if keep is None else torch._foreach_mul(stats, keep)))
         _deferred.sweep(self)
         return
     invalid = None
