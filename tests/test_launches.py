@@ -27,7 +27,6 @@ _UPDATE = {
     "AUROC(task='binary', thresholds=100)",
     "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
     "ExactMatch(task='multiclass', num_classes=C)",
-    "GeneralizedDiceScore(num_classes=C, input_format='index', per_class=True)",
     "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
     "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='one-vs-all')",
     "ROC(task='binary', thresholds=100)",

@@ -66,7 +66,7 @@ def _one_hot(values: Tensor, num_classes: int, flags: list[Tensor] | None, in_ra
     if flags is None or values.dtype != torch.int64:  # stock's (a non-int64 input fails there before any read)
         return torch.nn.functional.one_hot(values, num_classes=num_classes).movedim(-1, 1)
     if not in_range:
-        flags.append(values.lt(0).logical_or_(values.ge(num_classes)).any())
+        flags.append(values.clamp(0, num_classes - 1).ne_(values).any())  # a class is what clamping leaves as is
     classes = torch.arange(num_classes, device=values.device)
     return (values.unsqueeze(-1) == classes).to(torch.int64).movedim(-1, 1)
 
