@@ -28,7 +28,6 @@ _UPDATE = {
     "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
     "ExactMatch(task='multiclass', num_classes=C)",
     "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
-    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='one-vs-all')",
     "ROC(task='binary', thresholds=100)",
 }
 _FORWARD = {

@@ -159,13 +159,14 @@ def _multiclass_hinge_measures(
     preds = torch.movedim(preds, 1, -1).reshape(-1, preds.shape[1])
     target = target.flatten()
     classes = max(2, preds.shape[1])  # stock's one-hot width
-    kept = (target >= 0) & (target < classes)  # stock's one-hot fails on anything else
+    clamped = target.clamp(0, classes - 1)
+    kept = clamped == target  # a class of the one-hot: stock's one-hot fails on anything else
     if ignore_index is not None:
         kept &= target != ignore_index
     preds = _probabilities(preds, kept.unsqueeze(1), "softmax")
     onehot = target.unsqueeze(1) == torch.arange(classes, device=target.device)
     if mode == "crammer-singer":
-        own = preds.gather(1, torch.where(kept, target, 0).unsqueeze(1)).squeeze(1)
+        own = preds.gather(1, clamped.unsqueeze(1)).squeeze(1)  # any class for entries not kept: masked below
         margin = own - preds.masked_fill(onehot, -torch.inf).max(dim=1).values
         measures = _hinge(margin, squared).masked_fill(~kept, 0)
     else:
