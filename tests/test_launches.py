@@ -26,7 +26,6 @@ CLASS_COUNT = re.compile(r"(num_classes|num_labels)=\d+")
 _UPDATE = {
     "AUROC(task='binary', thresholds=100)",
     "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
-    "ExactMatch(task='multiclass', num_classes=C)",
     "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
     "ROC(task='binary', thresholds=100)",
 }

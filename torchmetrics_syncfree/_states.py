@@ -64,14 +64,17 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -
         getattr(metric, name).add_(value)
 
 
-def add_to_state_if(metric: Any, name: str, value: Tensor, keep: Tensor) -> None:
+def add_to_state_if(metric: Any, name: str, value: Tensor | int, keep: Tensor) -> None:
     """``metric.<name> += value * keep`` (``keep``: a 0-dim bool, "this batch enters the state") in one op.
 
-    ``addcmul_`` in place: the batch is left out by the same kernel that adds it; as a new tensor where the state is
-    read-only (:func:`read_only`).
+    In place (``addcmul_``; ``add_(keep, alpha=value)`` for a number known on the host, which then needs no tensor):
+    the batch is left out by the same kernel that adds it; as a new tensor where the state is read-only
+    (:func:`read_only`).
     """
     state = getattr(metric, name)
     if read_only(state):
         setattr(metric, name, state + value * keep)
-    else:
+    elif isinstance(value, Tensor):
         state.addcmul_(value, keep)
+    else:
+        state.add_(keep, alpha=value)

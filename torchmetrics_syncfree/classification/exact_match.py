@@ -35,7 +35,7 @@ from torchmetrics.functional.classification.stat_scores import _multiclass_stat_
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
-from torchmetrics_syncfree._states import add_to_states
+from torchmetrics_syncfree._states import add_to_state_if, add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
     _multiclass_stat_scores_tensor_validation,
     _validated_multilabel,
@@ -60,12 +60,21 @@ def _multiclass_exact_match_update(
     preds: Tensor, target: Tensor, multidim_average: str = "global", ignore_index: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """Stock's statistics: ``masked_fill`` for ignored entries, the total made on the device, a match by ``all``."""
+    correct = _multiclass_matches(preds, target, multidim_average, ignore_index)
+    return correct, torch.full((), _multiclass_total(preds, multidim_average), device=correct.device)
+
+
+def _multiclass_matches(preds: Tensor, target: Tensor, multidim_average: str, ignore_index: int | None) -> Tensor:
+    """The exact matches of stock's multiclass update (per sample, or summed)."""
     if ignore_index is not None:
         preds = preds.masked_fill(target == ignore_index, ignore_index)
     correct = (preds == target).all(1)  # stock's ``sum(1) == preds.shape[1]`` in one op
-    correct = correct if multidim_average == "samplewise" else correct.sum()
-    total = torch.full((), preds.shape[0] if multidim_average == "global" else 1, device=correct.device)
-    return correct, total
+    return correct if multidim_average == "samplewise" else correct.sum()
+
+
+def _multiclass_total(preds: Tensor, multidim_average: str) -> int:
+    """Stock's total: the number of samples (global), or 1 per sample (samplewise)."""
+    return preds.shape[0] if multidim_average == "global" else 1
 
 
 @replaces(
@@ -91,13 +100,20 @@ def _multilabel_exact_match_update(
     return correct, total
 
 
-def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Tensor) -> None:
+def _add_to_state(self: Any, invalid: Tensor | None, correct: Tensor, total: Tensor | int) -> None:
     """Stock's state update, in place for the tensor states (a captured CUDA graph replays into them)."""
     if self.multidim_average == "samplewise":
         # the total is the number of positions per sample, replaced (not summed) by every update, as stock does
         (correct,) = _without_invalid(invalid, correct)
         self.correct.append(correct)
         self.total = total
+    elif isinstance(total, int):  # a number known on the host: no tensor made for it
+        if invalid is None:
+            add_to_states(self, ("correct", "total"), (correct, total))
+        else:  # the batch enters the state only if it is valid: added times keep, in the adding ops
+            keep = invalid.logical_not()
+            add_to_state_if(self, "correct", correct, keep)
+            add_to_state_if(self, "total", total, keep)
     else:
         correct, total = _without_invalid(invalid, correct, total)
         add_to_states(self, ("correct", "total"), (correct, total))
@@ -122,9 +138,11 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
             preds, target, self.num_classes, self.multidim_average, self.ignore_index, metric=self
         )
     preds, target = _multiclass_stat_scores_format(preds, target, 1)
-    _add_to_state(
-        self, invalid, *_multiclass_exact_match_update(preds, target, self.multidim_average, self.ignore_index)
-    )
+    correct = _multiclass_matches(preds, target, self.multidim_average, self.ignore_index)
+    total = _multiclass_total(preds, self.multidim_average)
+    if self.multidim_average != "global":  # replaces the state: a tensor on the metric's device, as stock's
+        total = torch.full((), total, device=correct.device)
+    _add_to_state(self, invalid, correct, total)
 
 
 @replaces(f"{_MODULE}.MultilabelExactMatch.update", params=("self", "preds", "target"), kind="metric_method")
