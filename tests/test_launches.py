@@ -26,7 +26,6 @@ CLASS_COUNT = re.compile(r"(num_classes|num_labels)=\d+")
 _UPDATE = {
     "AUROC(task='binary', thresholds=100)",
     "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
-    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
     "ROC(task='binary', thresholds=100)",
 }
 _FORWARD = {
@@ -34,7 +33,6 @@ _FORWARD = {
     "AUROC(task='binary', thresholds=100)",
     "AUROC(task='binary', thresholds=None)",
     "AveragePrecision(task='multilabel', num_labels=C, thresholds=100)",
-    "HingeLoss(task='multiclass', num_classes=C, multiclass_mode='crammer-singer')",
     "ROC(task='binary', thresholds=100)",
     "SpearmanCorrCoef()",
 }

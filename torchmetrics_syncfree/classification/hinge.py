@@ -55,6 +55,7 @@ from torchmetrics_syncfree.classification.stat_scores import (
     _multiclass_stat_scores_tensor_validation,
     _raise_not_a_class,
     _without_invalid,
+    normalize_logits_if_needed,
 )
 
 _FUNCTIONAL = "torchmetrics.functional.classification.hinge"
@@ -160,6 +161,8 @@ def _multiclass_hinge_measures(
     target = target.flatten()
     classes = max(2, preds.shape[1])  # stock's one-hot width
     clamped = target.clamp(0, classes - 1)
+    if labels_checked and ignore_index is None and preds.shape[1] == classes:
+        return _validated_hinge_measures(preds, clamped, squared, mode), target.shape[0]
     kept = clamped == target  # a class of the one-hot: stock's one-hot fails on anything else
     if ignore_index is not None:
         kept &= target != ignore_index
@@ -172,6 +175,23 @@ def _multiclass_hinge_measures(
     else:
         measures = _hinge(torch.where(onehot, preds, -preds), squared).masked_fill(~kept.unsqueeze(1), 0)
     return measures.sum(dim=0), kept.sum()
+
+
+def _validated_hinge_measures(preds: Tensor, target: Tensor, squared: bool, mode: str) -> Tensor:
+    """The summed measures of a validated update without ``ignore_index`` (device path): every entry counts.
+
+    A target outside the classes makes the batch invalid, and the update leaves it out whole: nothing needs masking
+    per entry, the logits test runs on every entry (as stock's on a valid batch), and ``target`` (clamped to the
+    classes) only places the true class: a ``scatter`` of ``-inf`` (crammer-singer) or of the true scores into the
+    negated ones (one-vs-all) instead of a one-hot and a ``where``.
+    """
+    preds = normalize_logits_if_needed(preds, "softmax")
+    index = target.unsqueeze(1)
+    own = preds.gather(1, index)
+    if mode == "crammer-singer":
+        margin = own.squeeze(1) - preds.scatter(1, index, -torch.inf).max(dim=1).values
+        return _hinge(margin, squared).sum(dim=0)
+    return _hinge(preds.neg().scatter_(1, index, own), squared).sum(dim=0)
 
 
 def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Tensor | int) -> None:
