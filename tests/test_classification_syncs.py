@@ -152,13 +152,15 @@ def test_zero_division_warn_reads_at_once_as_stock(syncfree: Any) -> None:
     assert p.count == 0, p.summary()
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int64, torch.float32, torch.bool])
 def test_the_label_check_takes_narrow_dtypes_of_many_classes(dtype: torch.dtype) -> None:
     """The device path's range check clamps to the classes: a bound past the dtype's range must not raise."""
     from torchmetrics_syncfree.classification.stat_scores import _not_a_class
 
     labels = torch.tensor([0, 1, 100, 120], dtype=dtype)
-    if dtype.is_signed:
+    if dtype == torch.bool:
+        assert torch.equal(_not_a_class(labels, 1, None), labels)  # True is no class of one
+    elif dtype.is_signed:
         labels = torch.cat([labels, torch.tensor([-3], dtype=dtype)])
     wide = labels.double()  # the expectation in a dtype that holds every bound (int8 >= 200 would wrap the scalar)
     assert torch.equal(_not_a_class(labels, 200, None), (wide < 0) | (wide >= 200))

@@ -276,13 +276,13 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     """Bool mask of labels outside ``[0, num_classes)`` that are not ``ignore_index`` (NaN in a float target too).
 
     A label is a class exactly when clamping it to the classes leaves it as it is (NaN: ``NaN != NaN``): two ops.
-    A narrow integer dtype that cannot hold ``num_classes - 1`` (int8 labels of 200 classes) holds no label past the
-    classes either: only its negative labels are no class (the clamp's bound would not fit in it).
+    A dtype that cannot hold ``num_classes - 1`` (int8 labels of 200 classes) or that clamp does not take (bool) is
+    compared as int64 instead (the clamp's bound would not fit in it).
     """
-    if labels.is_floating_point() or num_classes - 1 <= torch.iinfo(labels.dtype).max:
+    if labels.is_floating_point() or (labels.dtype != torch.bool and num_classes - 1 <= torch.iinfo(labels.dtype).max):
         mask = labels.clamp(0, num_classes - 1) != labels
-    else:
-        mask = labels < 0
+    else:  # bool labels, or a dtype too narrow for the bound: compared as int64
+        mask = (labels < 0) | (labels.long() >= num_classes)
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
