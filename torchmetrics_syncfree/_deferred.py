@@ -372,6 +372,11 @@ def leave_out_idle_counters(metric: Any) -> dict[str, Any] | None:
     counters = metric.__dict__.get(STATE)
     if counters is None or metric.dist_sync_on_step or not reads_are_free(counters):
         return None
+    return _leave_out(metric)
+
+
+def _leave_out(metric: Any) -> dict[str, Any] | None:
+    """Install ``metric._defaults`` without the counters; the metric's own dict, to put back (``None``: none there)."""
     defaults = metric._defaults
     if STATE not in defaults:
         return None
@@ -403,13 +408,8 @@ def leave_out_counters(metric: Any) -> tuple[dict[str, Any] | None, bool]:
     idle = reads_are_free(counters)
     if not idle and is_compiling():
         return None, False
-    defaults = metric._defaults
-    if STATE not in defaults:
-        return None, False
-    without_counters = dict(defaults)
-    del without_counters[STATE]
-    metric.__dict__["_defaults"] = without_counters
-    return defaults, idle
+    defaults = _leave_out(metric)
+    return defaults, idle and defaults is not None
 
 
 # --------------------------------------------------------------------------------------------------------------------
