@@ -6,19 +6,23 @@ and LogAUC (every task): they inherit its ``update``, so patching the three upda
 ==================================================  ===========================================================
 stock                                                sync-free
 ==================================================  ===========================================================
-``validate_args``: ``torch.unique(target)`` +        one device flag per update (target values in {0, 1} or
+``validate_args``: ``torch.unique(target)`` +        one device count per update (target values in {0, 1} or
 ``if ...:``                                          ``ignore_index``; multiclass labels in ``[0, C)``), filed
                                                      as a deferred check (raised at once on CPU with stock's
                                                      message, reported at an eager point on the device path, the
-                                                     invalid batch left out of the state)
+                                                     invalid batch left out of the state); binned, on the device
+                                                     path: the sink column of the count itself (binary, multilabel,
+                                                     multiclass with ``ignore_index``) or ``target // C != 0``
 ``ignore_index``: ``preds[target != ii]``            ignored entries stay in place and are routed to a dropped
-(binary, multiclass), ``mapping[mapping >= 0]``      cell of the count (binned); the logits test looks at the
+(binary, multiclass), ``mapping[mapping >= 0]``      column of the count (binned); the logits test looks at the
 (multilabel)                                         kept entries only, as stock
 binned (``thresholds`` given): ``preds >=            ``torch.bucketize`` of each pred among the sorted thresholds,
-thresholds`` for every threshold, counted with       one count per (class, target, bucket) into fixed cells, and
-``torch.bincount`` (reads the maximum on CUDA) or    the (T, ..., 2, 2) matrices from suffix sums of those
-a Python loop over thresholds for large batches      counts: O(N log T) work and O(N) memory for every batch size
-``self.confmat += state``                            ``add_``: in place (a captured CUDA graph replays into it)
+thresholds`` for every threshold, counted with       its cell by one lookup in a cached table (bucket, target,
+``torch.bincount`` (reads the maximum on CUDA) or    class; sink and dropped columns), one ``scatter_add_``, one
+a Python loop over thresholds for large batches      ``cumsum`` (see "binned counting" below): O(N log T) work,
+                                                     O(N) memory; 14-18 kernels per update (stock: 14-25 on CPU)
+``self.confmat += state``                            ``add_``/``addcmul_``: in place (a captured CUDA graph
+                                                     replays into it), the invalid batch left out by the same op
 ==================================================  ===========================================================
 
 With ``thresholds=None`` the state is the list of (formatted) preds and targets: its update is validation and
@@ -44,12 +48,16 @@ The counts are integers: identical to stock's for every valid input. Deliberate 
 from __future__ import annotations
 
 import functools
+import inspect
+import itertools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 from torchmetrics.functional.classification.precision_recall_curve import (
     _binary_precision_recall_curve_format,
     _binary_precision_recall_curve_update,
@@ -64,11 +72,13 @@ from torchmetrics.utilities.data import dim_zero_cat
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
-from torchmetrics_syncfree.classification.confusion_matrix import _cells, _probabilities
+from torchmetrics_syncfree.classification.confusion_matrix import _add_counts, _cells, _probabilities
 from torchmetrics_syncfree.classification.stat_scores import (
-    _file_invalid,
+    _cached,
+    _checked_sink,
+    _count,
+    _mesh_counting,
     _not_a_class,
-    _outside,
     _raise_not_a_class,
     _without_invalid,
     normalize_logits_if_needed,
@@ -143,6 +153,44 @@ def _check_scores_and_labels(preds: Tensor, target: Tensor) -> None:
         )
 
 
+def _labels_outside(target: Tensor, num_values: int, ignore_index: int | None) -> Tensor:
+    """0-dim flag, device path: some target is outside ``[0, num_values)`` and not ``ignore_index``.
+
+    ``target // num_values`` is 0 exactly for the labels: two kernels (with an ``ignore_index`` outside the labels,
+    four), where comparisons with both bounds take three (five).
+    """
+    outside = torch.div(target, num_values, rounding_mode="floor")
+    if ignore_index is not None and not 0 <= ignore_index < num_values:
+        outside = outside.masked_fill_(target == ignore_index, 0)
+    return outside.any()
+
+
+def _check_labels(
+    metric: Any, target: Tensor, num_values: int, ignore_index: int | None, raise_at_once: Callable[[], None]
+) -> Tensor | None:
+    """The value check of ``metric``'s update: targets in ``[0, num_values)`` or ``ignore_index``.
+
+    Where reads are free it is made with comparisons (cheaper on the host than an int64 division) and read at once
+    (``raise_at_once``: stock's error); on the device path it is :func:`_labels_outside`, filed with the metric and
+    returned (the update leaves the batch out when it is set). Bool targets hold labels only: ``None``.
+    """
+    if target.dtype == torch.bool:
+        return None
+    if _deferred.reads_are_free(target):
+        if _not_a_class(target, num_values, ignore_index).any():
+            raise_at_once()
+        return None
+    flag = _labels_outside(target, num_values, ignore_index)
+    _deferred.record(metric, _deferred.INVALID_VALUES, flag)
+    return flag
+
+
+def _binary_host_checks(preds: Tensor, target: Tensor) -> None:
+    """The host-only part of stock's binary validation: shapes and dtypes."""
+    _check_same_shape(preds, target)
+    _check_scores_and_labels(preds, target)
+
+
 @replaces(f"{_FUNCTIONAL}._binary_precision_recall_curve_tensor_validation", params=("preds", "target", "ignore_index"))
 def _binary_precision_recall_curve_tensor_validation(
     preds: Tensor, target: Tensor, ignore_index: int | None = None, metric: Any = None
@@ -150,10 +198,10 @@ def _binary_precision_recall_curve_tensor_validation(
     """Stock's checks; with the ``metric`` whose update validates, the value check is a device flag (returned)."""
     if metric is None:
         return _stock_binary_validation(preds, target, ignore_index)
-    _check_same_shape(preds, target)
-    _check_scores_and_labels(preds, target)
-    flag = _outside(target, (0, 1), ignore_index).any()
-    return _file_invalid(metric, flag, functools.partial(_stock_binary_validation, preds, target, ignore_index))
+    _binary_host_checks(preds, target)
+    return _check_labels(
+        metric, target, 2, ignore_index, functools.partial(_stock_binary_validation, preds, target, ignore_index)
+    )
 
 
 def _stock_binary_validation(preds: Tensor, target: Tensor, ignore_index: int | None) -> None:
@@ -178,12 +226,16 @@ def _multilabel_precision_recall_curve_tensor_validation(
             preds, target, num_labels, ignore_index
         )
     invalid = _binary_precision_recall_curve_tensor_validation(preds, target, ignore_index, metric=metric)
+    _num_labels_check(preds, num_labels)
+    return invalid
+
+
+def _num_labels_check(preds: Tensor, num_labels: int) -> None:
     if preds.shape[1] != num_labels:
         raise ValueError(
             "Expected both `target.shape[1]` and `preds.shape[1]` to be equal to the number of labels"
             f" but got {preds.shape[1]} and expected {num_labels}"
         )
-    return invalid
 
 
 @replaces(
@@ -198,6 +250,13 @@ def _multiclass_precision_recall_curve_tensor_validation(
         return stock(f"{_FUNCTIONAL}._multiclass_precision_recall_curve_tensor_validation")(
             preds, target, num_classes, ignore_index
         )
+    _multiclass_host_checks(preds, target, num_classes)
+    raise_at_once = functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index)
+    return _check_labels(metric, target, num_classes, ignore_index, raise_at_once)
+
+
+def _multiclass_host_checks(preds: Tensor, target: Tensor, num_classes: int) -> None:
+    """The host-only part of stock's multiclass validation: dimensions, dtypes and shapes."""
     if not preds.ndim == target.ndim + 1:
         raise ValueError(
             f"Expected `preds` to have one more dimension than `target` but got {preds.ndim} and {target.ndim}"
@@ -218,102 +277,286 @@ def _multiclass_precision_recall_curve_tensor_validation(
             "Expected the shape of `preds` should be (N, C, ...) and the shape of `target` should be (N, ...)"
             f" but got {preds.shape} and {target.shape}"
         )
-    flag = _not_a_class(target, num_classes, ignore_index).any()
-    return _file_invalid(metric, flag, functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index))
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # binned counting
+#
+# Each score is bucketed once among the sorted thresholds (``torch.bucketize``, O(log T)) and counted in a fixed cell
+# of one histogram: row r = the number of thresholds at or below it (NaN: none, as ``nan >= t`` is false), column
+# (group, target). Rows T + 1 to 2T + 1 repeat the counts negated (one subtraction); one ``cumsum`` down the rows then
+# gives, in row k, the entries below the k-th smallest threshold (predicted negative: tn/fn) and, in row T + 1 + k,
+# all entries minus those (predicted positive: fp/tp): stock's (T, ..., 2, 2) matrices as a strided view, in
+# ascending threshold order.
+#
+# The cell of an entry comes from one lookup in a cached table, ``table[kind, group, bucket]``: the bucket's row (the
+# NaN bucket is row 0) plus the column its kind selects. The kind of a binary or multilabel entry is its target
+# clamped to [-1, 2] (2 and -1: no label), of a multiclass entry whether its target is the entry's class; kinds that
+# are no label select a sink column (its total is the number of invalid entries: the validation's count) and ignored
+# entries a dropped column. Validation, ignore_index and counting are one lookup and one scatter.
 
 
-def _threshold_confmats(preds: Tensor, positive: Tensor, dropped: Tensor | None, thresholds: Tensor) -> Tensor:
-    """Stock's multi-threshold confusion matrices, ``(T, G, 2, 2)``, of ``preds >= thresholds[t]`` against ``positive``.
+#: the columns an entry's kind selects: the negatives' or positives' column of the entry's group, the sink column
+#: (values that are no label: the validation's count) or the dropped column (ignored entries)
+_NEG, _POS, _SINK, _DROP = 0, 1, -1, -2
+#: binary/multilabel kinds: the target clamped to [-1, 2] (-1 indexes the last kind); ignored entries are kind 3
+_LABEL_KINDS = (_NEG, _POS, _SINK)
+_LABEL_KINDS_IGNORED = (_NEG, _POS, _SINK, _DROP, _SINK)
+#: multiclass kinds: ``target == class``, plus the sample's kind where labels may be no class or ignored
+#: (:func:`_sample_kinds`: 2 for a label of no class, 3 for an ignored one)
+_CLASS_KINDS = (_NEG, _POS)
+_CLASS_KINDS_CHECKED = (_NEG, _POS, _SINK, _DROP, _DROP)
 
-    ``preds``/``positive``/``dropped``: ``(M, G)`` (G groups: classes, labels, or 1). Each pred falls in a bucket, the
-    number of thresholds at or below it (NaN: none, as ``nan >= t`` is false), counted per (group, target, bucket) in
-    fixed cells; the entries at or above the ``k``-th smallest threshold are the counts of the buckets past ``k``.
+#: the instance attribute that says the metric's thresholds are in ascending order (given as a count, or as an
+#: ascending list): its counts need no reordering (see :func:`_curve_init`)
+_ASCENDING = "_syncfree_thresholds_ascending"
+
+# per thresholds tensor: {(dtype, negated, ascending): (version, boundaries, rank)}
+_bucket_consts: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _make_boundaries(
+    thresholds: Tensor, dtype: torch.dtype, negated: bool, ascending: bool
+) -> tuple[Tensor, Tensor | None]:
+    sorted_thresholds, order = thresholds.to(dtype).sort(stable=True)
+    rank = None if ascending else order.argsort()
+    if negated:  # ascending negated thresholds: a negated score's (lower) bucket counts the thresholds above the score
+        return sorted_thresholds.flip(0).neg(), rank
+    # a sentinel above every score in [0, 1]: only NaN passes it (the binary search sends NaN to the end)
+    return torch.cat([sorted_thresholds, torch.full((1,), torch.inf, dtype=dtype, device=thresholds.device)]), rank
+
+
+def _boundaries(thresholds: Tensor, dtype: torch.dtype, negated: bool, ascending: bool) -> tuple[Tensor, Tensor | None]:
+    """The sorted bucket boundaries of ``thresholds`` in ``dtype`` and the rank of each threshold among them.
+
+    The rank is ``None`` for thresholds known to be ascending. Made once per thresholds tensor (and version); anew
+    while tracing or capturing (see ``stat_scores._cached``).
     """
-    num_thresholds, groups = thresholds.numel(), preds.shape[1]
-    dtype = torch.promote_types(preds.dtype, thresholds.dtype)  # the dtype stock's ``>=`` compares in
-    order = thresholds.argsort()
-    buckets = torch.bucketize(preds.to(dtype).contiguous(), thresholds[order].to(dtype), right=True)
-    buckets = buckets.masked_fill(preds.isnan(), 0)
-    group = torch.arange(groups, device=preds.device)
-    index = (group * 2 + positive.long()) * (num_thresholds + 1) + buckets
-    counts = _cells(index.flatten(), None if dropped is None else dropped.flatten(), groups * 2 * (num_thresholds + 1))
-    counts = counts.view(groups, 2, num_thresholds + 1)
-    totals = counts.sum(-1, keepdim=True)
-    at_or_above = (totals - counts.cumsum(-1))[..., :num_thresholds]  # (G, 2, T) in sorted-threshold order
-    at_or_above = at_or_above[..., order.argsort()]  # back to the thresholds' own order
-    fp, tp = at_or_above[:, 0], at_or_above[:, 1]
-    tn, fn = totals[:, 0] - fp, totals[:, 1] - tp
-    return torch.stack([tn, fp, fn, tp], dim=-1).view(groups, num_thresholds, 2, 2).transpose(0, 1)
+    if _deferred.is_compiling() or (thresholds.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _make_boundaries(thresholds, dtype, negated, ascending)
+    version = None if thresholds.is_inference() else thresholds._version  # (inference tensors have none)
+    consts = _bucket_consts.get(thresholds)
+    if consts is None:
+        consts = _bucket_consts[thresholds] = {}
+    cached = consts.get((dtype, negated, ascending))
+    if cached is None or cached[0] != version:
+        cached = consts[dtype, negated, ascending] = (version, *_make_boundaries(thresholds, dtype, negated, ascending))
+    return cached[1], cached[2]
 
 
-#: Where reads are free, a validated binned batch of at most this many (score, threshold) pairs is counted with
-#: stock's functions: their few large ops beat the fixed-shape path's ~25 small ones there (10 classes x batch 32 x 100
-#: thresholds: 1.27x stock's host time); above it, bucketize beats stock's comparisons (0.07-0.54x).
-STOCK_COUNTING_MAX = 1 << 16
-
-
-def _counts_withstock(self: Any, preds: Tensor) -> bool:
-    """Whether this binned update counts with stock's format and update (identical integers, cheaper when small).
-
-    Only where reads are free (CPU, eager) and after the validation ran (it raised at once for values stock's counting
-    would misplace, which the fixed-shape path leaves out instead).
-    """
-    return (
-        self.validate_args
-        and _deferred.reads_are_free(preds)
-        and preds.numel() * self.thresholds.numel() <= STOCK_COUNTING_MAX
+def _make_table(
+    kinds: tuple[int, ...], groups: int, num_thresholds: int, negated: bool, device: torch.device
+) -> Tensor:
+    buckets = torch.arange(num_thresholds + (1 if negated else 2), device=device)
+    # a bucket's row: negated buckets count the thresholds above the score, the others those at or below it (the last
+    # one, NaN's: none)
+    rows = num_thresholds - buckets if negated else buckets.remainder(num_thresholds + 1)
+    group = torch.arange(groups, device=device)
+    columns = torch.stack(
+        [2 * group + kind if kind >= 0 else torch.full_like(group, 2 * groups - 1 - kind) for kind in kinds]
     )
+    return columns.unsqueeze(-1) + rows * (2 * groups + 2)
 
 
-def _binary_curve_state(
-    preds: Tensor, target: Tensor, thresholds: Tensor, ignore_index: int | None, normalization: str | None
-) -> Tensor:
-    """Stock's binary format + binned update, ``(T, 2, 2)``, with fixed shapes."""
-    preds, target = preds.flatten(), target.flatten()
-    kept = None if ignore_index is None else target != ignore_index
-    if normalization:
-        preds = _probabilities(preds, kept, normalization)
-    dropped = (target != 0) & (target != 1)  # ignored entries, and (validate_args=False) values that are no label
-    confmat = _threshold_confmats(preds.unsqueeze(1), (target == 1).unsqueeze(1), dropped.unsqueeze(1), thresholds)
-    return confmat.squeeze(1)
+def _table(kinds: tuple[int, ...], groups: int, num_thresholds: int, negated: bool, device: torch.device) -> Tensor:
+    """``table[kind, group, bucket]``: the histogram cell of an entry (see above), made once."""
+    key = ("curve cells", kinds, groups, num_thresholds, negated)
+    return _cached(device, key, lambda: _make_table(kinds, groups, num_thresholds, negated, device))
 
 
-def _multiclass_curve_state(
-    preds: Tensor, target: Tensor, num_classes: int, thresholds: Tensor, ignore_index: int | None, average: str | None
-) -> Tensor:
-    """Stock's multiclass format + binned update (``(T, C, 2, 2)``; micro: ``(T, 2, 2)``) with fixed shapes."""
-    preds = preds.transpose(0, 1).reshape(num_classes, -1).T
-    target = target.flatten()
-    kept = (target >= 0) & (target < num_classes)  # (validate_args=False) labels of no class are left out
-    if ignore_index is not None:
-        not_ignored = target != ignore_index
-        preds = _probabilities(preds, not_ignored.unsqueeze(1), "softmax")  # stock's test: the kept rows only
-        kept &= not_ignored
+def _arange(size: int, device: torch.device) -> Tensor:
+    """``torch.arange(size)`` on ``device``, made once."""
+    return _cached(device, ("arange", size), lambda: torch.arange(size, device=device))
+
+
+def _buckets(scores: Tensor, thresholds: Tensor, negated: bool, ascending: bool) -> tuple[Tensor, Tensor | None]:
+    """Each score's bucket among the sorted thresholds, compared in stock's dtype, and the thresholds' rank."""
+    dtype = torch.promote_types(scores.dtype, thresholds.dtype)  # the dtype stock's ``>=`` compares in
+    boundaries, rank = _boundaries(thresholds, dtype, negated, ascending)
+    # contiguous: bucketize copies other layouts itself (extra dimensions: stock's format transposes)
+    scores = (scores if scores.dtype == dtype else scores.to(dtype)).contiguous()
+    if negated:
+        return torch.bucketize(scores.neg(), boundaries), rank
+    return torch.bucketize(scores, boundaries, right=True), rank
+
+
+def _threshold_counts(cells: Tensor, groups: int, num_thresholds: int, rank: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Stock's ``(T, G, 2, 2)`` matrices from the cells of the entries (see above), and the sink column's count.
+
+    The counts are int32 (a batch's are far below 2**31: half the memory of int64 in every pass, atomics included),
+    their sums made in place. Where reads are free they are counted in a buffer of the thread's, kept for the next
+    update: a fresh buffer of this size (megabytes at 1000 classes) costs the host page faults on every update. The
+    results are views of it then: the caller adds them to the state at once.
+    """
+    block, width = num_thresholds + 1, 2 * groups + 2
+    size, cells = 2 * block * width, cells.flatten()
+    if _mesh_counting() or cells.is_mps:
+        counts = _count(cells, size)  # upstream's fixed-shape counting there
     else:
-        preds = normalize_logits_if_needed(preds, "softmax")
-    positive = target.unsqueeze(1) == torch.arange(num_classes, device=target.device)
-    dropped = ~kept.unsqueeze(1).expand_as(positive)
-    if average == "micro":
-        flat = _threshold_confmats(preds.reshape(-1, 1), positive.reshape(-1, 1), dropped.reshape(-1, 1), thresholds)
-        return flat.squeeze(1)
-    return _threshold_confmats(preds, positive, dropped, thresholds)
+        dtype = torch.int32 if cells.numel() < 2**31 else torch.long
+        if _deferred.reads_are_free(cells):
+            counts = _scratch(size, dtype).zero_()
+        else:
+            counts = torch.zeros(size, dtype=dtype, device=cells.device)
+        unit = _cached(cells.device, ("unit", dtype), lambda: torch.ones(1, dtype=dtype, device=cells.device))
+        counts.scatter_add_(0, cells, unit.expand(cells.shape))
+    counts = counts.view(2, block, width)
+    counts[1].sub_(counts[0])
+    counts.view(2 * block, width).cumsum_(0)
+    confmats = counts[:, :num_thresholds, : 2 * groups].unflatten(2, (groups, 2)).permute(1, 2, 3, 0)
+    if rank is not None:
+        confmats = confmats[rank]  # back to the thresholds' own order
+    return confmats, counts[0, num_thresholds, 2 * groups]
 
 
-def _multilabel_curve_state(
-    preds: Tensor, target: Tensor, num_labels: int, thresholds: Tensor, ignore_index: int | None
-) -> Tensor:
-    """Stock's multilabel format + binned update, ``(T, L, 2, 2)``, with fixed shapes.
+_thread = threading.local()
+
+
+def _scratch(size: int, dtype: torch.dtype) -> Tensor:
+    """A CPU buffer of ``size`` elements, this thread's, reused by the next update of the same size (uninitialised)."""
+    buffers = _thread.__dict__.setdefault("curve_counts", {})
+    buffer = buffers.get((size, dtype))
+    if buffer is None:
+        with torch.inference_mode(False):  # written in place by every update, inference mode or not
+            buffer = buffers[size, dtype] = torch.empty(size, dtype=dtype)
+    return buffer
+
+
+def _sample_kinds(target: Tensor, num_classes: int, ignored: Tensor | None) -> Tensor:
+    """Per multiclass sample: 0 for a class label, 2 for a label of no class, 3 for an ignored one.
+
+    Once each entry's ``target == class`` is added, these are the kinds of ``_CLASS_KINDS_CHECKED``.
+    """
+    labels = (target if target.dtype == torch.long else target.long()).clamp(-1, num_classes)
+    if ignored is not None:
+        labels = labels.masked_fill_(ignored, num_classes + 1)  # (-1, outside the clamp's range: the last entry)
+    ignoring, device = ignored is not None, target.device
+    kinds = _cached(
+        device, ("sample kinds", num_classes, ignoring), lambda: _make_sample_kinds(num_classes, ignoring, device)
+    )
+    return kinds[labels]
+
+
+def _make_sample_kinds(num_classes: int, ignoring: bool, device: torch.device) -> Tensor:
+    # 0 for the classes; 2 for the clamped labels C and -1 (the last entry), 3 for ignored ones (C + 1)
+    kinds = torch.zeros(num_classes + (3 if ignoring else 1), dtype=torch.long, device=device)
+    kinds[num_classes:].fill_(2)
+    if ignoring:
+        kinds[num_classes + 1].fill_(3)
+    return kinds
+
+
+def _label_counts(
+    self: Any, scores: Tensor, target: Tensor, ignored: Tensor | None, negated: bool, metric: Any | None
+) -> tuple[Tensor, Tensor | None]:
+    """Binned counts ``(T, G, 2, 2)`` of binary/multilabel entries ``(M, G)``, whose targets are 0/1 labels.
+
+    Targets that are no label land in the sink column; with ``metric`` (``validate_args``) its count is the
+    validation's, and the second result says whether the batch may enter the state.
+    """
+    labels = target if target.dtype not in (torch.uint8, torch.bool) else target.long()  # (-1 must be negative)
+    kinds = labels.clamp(-1, 2)
+    if ignored is not None:
+        kinds = kinds.masked_fill_(ignored, 3)
+    buckets, rank = _buckets(scores, self.thresholds, negated, self.__dict__.get(_ASCENDING, False))
+    groups, num_thresholds = scores.shape[1], self.thresholds.numel()
+    table = _table(
+        _LABEL_KINDS if ignored is None else _LABEL_KINDS_IGNORED, groups, num_thresholds, negated, scores.device
+    )
+    confmats, sink = _threshold_counts(
+        table[kinds, _arange(groups, scores.device), buckets], groups, num_thresholds, rank
+    )
+    return confmats, _checked_sink(metric, sink)
+
+
+def _binary_counts(
+    self: Any, preds: Tensor, target: Tensor, normalization: str | None, metric: Any | None
+) -> tuple[Tensor, Tensor | None]:
+    """Stock's binary format + binned update, ``(T, 2, 2)``, with fixed shapes (and the batch's validation)."""
+    preds, target = preds.flatten(), target.flatten()
+    ignored = None if self.ignore_index is None else target == self.ignore_index
+    preds = _normalized(preds, normalization, ignored)
+    column = None if ignored is None else ignored.unsqueeze(1)
+    confmats, keep = _label_counts(self, preds.unsqueeze(1), target.unsqueeze(1), column, not normalization, metric)
+    return confmats.squeeze(1), keep
+
+
+def _multilabel_counts(self: Any, preds: Tensor, target: Tensor, metric: Any | None) -> tuple[Tensor, Tensor | None]:
+    """Stock's multilabel format + binned update, ``(T, L, 2, 2)``, with fixed shapes (and the batch's validation).
 
     Stock decides logits over all entries, ignored ones included (it normalizes before it masks): so does this.
     """
+    num_labels = self.num_labels
     preds = preds.transpose(0, 1).reshape(num_labels, -1).T
     target = target.transpose(0, 1).reshape(num_labels, -1).T
     preds = normalize_logits_if_needed(preds, "sigmoid")
-    return _threshold_confmats(preds, target == 1, (target != 0) & (target != 1), thresholds)
+    ignored = None if self.ignore_index is None else target == self.ignore_index
+    return _label_counts(self, preds, target, ignored, False, metric)
+
+
+def _multiclass_counts(
+    self: Any, preds: Tensor, target: Tensor, average: str | None, metric: Any | None, checked: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Stock's multiclass format + binned update (``(T, C, 2, 2)``; micro: ``(T, 2, 2)``) with fixed shapes.
+
+    An entry's kind is ``target == class``. That is all where every label of a batch that is counted is a class:
+    known (``checked``: validated on the CPU), or a batch with any other label is left out whole (``metric``: the
+    validation's flag is ``target // C != 0``). Otherwise (``ignore_index``, ``validate_args=False``) each sample adds
+    its kind (2: no class, its entries to the sink column; 3: ignored, to the dropped column).
+    """
+    num_classes, device = self.num_classes, preds.device
+    preds = preds.transpose(0, 1).reshape(num_classes, -1).T
+    target = target.flatten()
+    ignored = None if self.ignore_index is None else target == self.ignore_index
+    preds = _normalized(preds, "softmax", None if ignored is None else ignored.unsqueeze(1))
+    buckets, rank = _buckets(preds, self.thresholds, False, self.__dict__.get(_ASCENDING, False))
+    # ``target == class`` as int64 in one kernel (the lookup's index)
+    kinds = torch.eq(target.unsqueeze(1), _arange(num_classes, device), out=torch.empty_like(buckets))
+    classes_only = ignored is None and (checked or metric is not None)
+    if not classes_only:
+        kinds = kinds.add_(_sample_kinds(target, num_classes, ignored).unsqueeze(1))
+    groups, num_thresholds = (1 if average == "micro" else num_classes), self.thresholds.numel()
+    table = _table(_CLASS_KINDS if classes_only else _CLASS_KINDS_CHECKED, groups, num_thresholds, False, device)
+    confmats, sink = _threshold_counts(table[kinds, _arange(groups, device), buckets], groups, num_thresholds, rank)
+    if not classes_only:
+        keep = _checked_sink(metric, sink)
+    elif metric is None or target.dtype == torch.bool:  # (bool labels are classes)
+        keep = None
+    else:
+        keep = _checked_sink(metric, _labels_outside(target, num_classes, None))
+    return (confmats.squeeze(1) if average == "micro" else confmats), keep
+
+
+def _normalized(preds: Tensor, normalization: str | None, ignored: Tensor | None) -> Tensor:
+    """Stock's ``normalize_logits_if_needed`` of the entries that are not ``ignored``.
+
+    ``ignored``: a mask that broadcasts to ``preds``; only the other entries decide whether ``preds`` are logits.
+    """
+    if not normalization:
+        return preds
+    if ignored is None:
+        return normalize_logits_if_needed(preds, normalization)
+    if _deferred.reads_are_free(preds):
+        return _probabilities(preds, ~ignored, normalization)  # stock's CPU test (NaN is outside [0, 1] there)
+    outside = ((preds < 0) | (preds > 1)).gt_(ignored)  # stock's accelerator test on the kept entries
+    normalized = preds.sigmoid() if normalization == "sigmoid" else preds.softmax(dim=1)
+    return torch.where(outside.any(), normalized, preds)
+
+
+#: Where reads are free, a validated binned batch of at most this many (score, threshold) pairs is counted with
+#: stock's functions: their few large ops beat the fixed-shape path's dozen small ones there (binary x batch 64 x 100
+#: thresholds: 46 us against 54); above it the fixed-shape path is cheaper (batch 128: 55 us against 59; 10 classes x
+#: batch 32: 66 against 114; CPU time, one thread).
+STOCK_COUNTING_MAX = 1 << 13
+
+
+def _counts_withstock(self: Any, preds: Tensor) -> bool:
+    """Whether this binned update, where reads are free, counts with stock's format and update.
+
+    (Identical integers, cheaper when small.) Only after the validation ran: it raised at once for values stock's
+    counting would misplace, which the fixed-shape path leaves out instead.
+    """
+    return self.validate_args and preds.numel() * self.thresholds.numel() <= STOCK_COUNTING_MAX
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -549,33 +792,63 @@ _binary_curve_compute, _multiclass_curve_compute, _binary_roc_compute, _multicla
 )
 
 
+@functools.cache
+def _init_signature(target: str) -> inspect.Signature:
+    return inspect.signature(stock(target))
+
+
+def _given_ascending(thresholds: Any) -> bool:
+    """Whether ``thresholds`` as given to the constructor are known on the host to be in ascending order.
+
+    A count (stock's ``linspace(0, 1, n)``) or an ascending list; a tensor is not read.
+    """
+    if isinstance(thresholds, int):
+        return True
+    return isinstance(thresholds, list) and all(low <= high for low, high in itertools.pairwise(thresholds))
+
+
+def _curve_init(target: str) -> Callable[..., None]:
+    """A replacement of the ``__init__`` at ``target``.
+
+    Stock's, the family's check counters (``checked_init``), and whether the thresholds were given in ascending order
+    (:data:`_ASCENDING`: the binned counts need no reordering then).
+    """
+    init = _deferred.checked_init(target, __name__, _family_kinds, size=len(FAMILY_KINDS))
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        thresholds = _init_signature(target).bind(self, *args, **kwargs).arguments.get("thresholds")
+        self.__dict__[_ASCENDING] = _given_ascending(thresholds)
+
+    __init__.__module__ = __name__
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
 # ``params=None``: the signatures differ between releases (1.8 added ``normalization``); the stand-ins forward them
-_binary_init = replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", params=None)(
-    _deferred.checked_init(
-        f"{_MODULE}.BinaryPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS)
+_binary_init, _multiclass_init, _multilabel_init = (
+    replaces(f"{_MODULE}.{name}PrecisionRecallCurve.__init__", params=None)(
+        _curve_init(f"{_MODULE}.{name}PrecisionRecallCurve.__init__")
     )
-)
-_multiclass_init = replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", params=None)(
-    _deferred.checked_init(
-        f"{_MODULE}.MulticlassPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS)
-    )
-)
-_multilabel_init = replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", params=None)(
-    _deferred.checked_init(
-        f"{_MODULE}.MultilabelPrecisionRecallCurve.__init__", __name__, _family_kinds, size=len(FAMILY_KINDS)
-    )
+    for name in ("Binary", "Multiclass", "Multilabel")
 )
 
 
 @replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
 def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
-    invalid = None
-    if self.validate_args:
-        invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
     # an argument since torchmetrics 1.8; not ``getattr(self, ..., default)``: before 1.8 that lookup fails on the
     # ``nn.Module`` (raising and catching an AttributeError, microseconds) on every update
     normalization = self.__dict__.get("normalization", "sigmoid")
+    if self.thresholds is not None and not _deferred.reads_are_free(target):
+        # the device path's binned update: the value check is the count's sink column
+        if self.validate_args:
+            _binary_host_checks(preds, target)
+        _add_counts(self, *_binary_counts(self, preds, target, normalization, self if self.validate_args else None))
+        return
+    invalid = None
+    if self.validate_args:
+        invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
     if self.thresholds is None:
         if self.ignore_index is not None and _keeps_ignored_entries(target):
             preds, target = preds.flatten(), target.flatten()
@@ -592,18 +865,25 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
         preds, target, _ = _binary_precision_recall_curve_format(*args)
         _add_to_state(self, invalid, _binary_precision_recall_curve_update(preds, target, self.thresholds))
         return
-    _add_to_state(self, invalid, _binary_curve_state(preds, target, self.thresholds, self.ignore_index, normalization))
+    _add_to_state(self, invalid, _binary_counts(self, preds, target, normalization, None)[0])
 
 
 @replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
+    average = getattr(self, "average", None)
+    if self.thresholds is not None and not _deferred.reads_are_free(target):
+        # the device path's binned update: the label check is part of the count
+        checked = self if self.validate_args else None
+        if checked is not None:
+            _multiclass_host_checks(preds, target, self.num_classes)
+        _add_counts(self, *_multiclass_counts(self, preds, target, average, checked, False))
+        return
     invalid = None
     if self.validate_args:
         invalid = _multiclass_precision_recall_curve_tensor_validation(
             preds, target, self.num_classes, self.ignore_index, metric=self
         )
-    average = getattr(self, "average", None)
     if self.thresholds is None:
         # stock's ``one_hot`` reads the target range, with ``ignore_index`` or without
         if average == "micro" and not _deferred.reads_are_free(target):
@@ -622,14 +902,22 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
             preds, target, self.num_classes, self.thresholds, self.ignore_index, average
         )
         state = _multiclass_precision_recall_curve_update(preds, target, self.num_classes, self.thresholds, average)
-    else:
-        state = _multiclass_curve_state(preds, target, self.num_classes, self.thresholds, self.ignore_index, average)
+    else:  # (reads are free here: a validated batch holds classes only)
+        state = _multiclass_counts(self, preds, target, average, None, self.validate_args)[0]
     _add_to_state(self, invalid, state)
 
 
 @replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
 def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
+    if self.thresholds is not None and not _deferred.reads_are_free(target):
+        # the device path's binned update: the value check is the count's sink column
+        checked = self if self.validate_args else None
+        if checked is not None:
+            _binary_host_checks(preds, target)
+            _num_labels_check(preds, self.num_labels)
+        _add_counts(self, *_multilabel_counts(self, preds, target, checked))
+        return
     invalid = None
     if self.validate_args:
         invalid = _multilabel_precision_recall_curve_tensor_validation(
@@ -647,5 +935,5 @@ def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
         )
         state = _multilabel_precision_recall_curve_update(preds, target, self.num_labels, self.thresholds)
     else:
-        state = _multilabel_curve_state(preds, target, self.num_labels, self.thresholds, self.ignore_index)
+        state = _multilabel_counts(self, preds, target, None)[0]
     _add_to_state(self, invalid, state)
