@@ -38,13 +38,16 @@ from torch import Tensor
 
 from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.precision_recall_curve import (
+    _ASCENDING,
     NO_NEGATIVES,
     NO_POSITIVES,
     _average_ignoring_nan,
     _class_counts,
+    _constants,
     _file_warning,
     _kept_entries,
     _list_state,
+    _positions,
     _ranked_counts,
     _stock_compute_where_reads_are_free,
 )
@@ -59,45 +62,54 @@ def _rates(metric: Any, scores: Tensor, positive: Tensor, weight: Tensor | None 
     A column without negatives (positives) gets zero false (true) positive rates and stock's warning, once per column.
     """
     tps, fps = _ranked_counts(scores, positive, weight)
-    origin = torch.zeros_like(tps[:1])
-    tps, fps = torch.cat([origin, tps]), torch.cat([origin, fps])
     no_negatives, no_positives = fps[-1] <= 0, tps[-1] <= 0
-    _file_warning(metric, NO_NEGATIVES, no_negatives.sum())
-    _file_warning(metric, NO_POSITIVES, no_positives.sum())
-    fpr = torch.where(no_negatives, torch.zeros_like(fps), fps / fps[-1])
-    tpr = torch.where(no_positives, torch.zeros_like(tps), tps / tps[-1])
-    return fpr, tpr
+    _file_warning(metric, NO_NEGATIVES, _number_of(no_negatives))
+    _file_warning(metric, NO_POSITIVES, _number_of(no_positives))
+    # stock's zero rates of a column without negatives (positives): its counts are all 0, and 0 / 0 is the only NaN
+    return torch.nan_to_num_(fps / fps[-1], nan=0.0), torch.nan_to_num_(tps / tps[-1], nan=0.0)
+
+
+def _number_of(flags: Tensor) -> Tensor:
+    """The number of set ``flags`` (one per column), 0-dim; one column's flag is that already (a view)."""
+    return flags.view(()) if flags.numel() == 1 else flags.sum()
 
 
 def _area(fpr: Tensor, tpr: Tensor) -> Tensor:
-    """Stock's ``_auc_compute_without_check(fpr, tpr, 1.0)`` of every column (the trapezoidal rule)."""
-    return torch.trapz(tpr, fpr, dim=0) * 1.0
+    """Stock's ``_auc_compute_without_check(fpr, tpr, 1.0)`` of every column: the trapezoidal rule.
+
+    (Stock's ``* 1.0`` leaves every value as it is, NaN and signed zeros included: one launch less.)
+    """
+    return torch.trapz(tpr, fpr, dim=0)
 
 
-def _partial_area(fpr: Tensor, tpr: Tensor, max_fpr: float) -> Tensor:
+def _partial_area(fpr: Tensor, tpr: Tensor, max_fpr: float, ascending: bool = True) -> Tensor:
     """Stock's McClish-corrected partial AUC up to ``max_fpr`` of one non-decreasing curve, with fixed shapes.
 
     Stock cuts the curve after the last point at or below ``max_fpr`` and appends the interpolated point; here the
     points past the cut are moved onto the interpolated point instead (zero-width trapezoids). Where stock returns
     the full area (no false or no true positives at all), so does this, selected on the device. (A binned curve
     whose rates all stay at or below ``max_fpr``, thresholds above 0 only, fails in stock's ``fpr[stop]``; here the
-    last point stands in for the missing one.)
+    last point stands in for the missing one.) ``ascending``: the curve is non-decreasing (unbinned, or binned with
+    thresholds known to be ascending; stock's curve of other thresholds is in their order).
     """
     max_area = torch.full((), max_fpr, device=fpr.device)
-    stop = torch.bucketize(max_area, fpr, out_int32=True, right=True)
-    # stock's ``fpr[stop - 1]`` wraps around to the last point when no point is at or below ``max_fpr``
-    below, above = torch.remainder(stop - 1, fpr.numel()), stop.clamp(max=fpr.numel() - 1)
-    bracket = torch.stack([below, above]).long()  # indexed by a tensor (``fpr[below]`` would read ``below``)
+    stop = torch.bucketize(max_area, fpr, right=True)
+    # the points around the cut, ``[stop - 1, stop]``, indexed by a tensor (``fpr[stop]`` would read ``stop``); index -1
+    # is stock's ``fpr[stop - 1]`` when no point is at or below ``max_fpr``: the last point (advanced indexing wraps)
+    bracket = torch.add(stop, _constants((-1, 0), torch.long, fpr.device)).clamp_(max=fpr.numel() - 1)
     (fpr_below, fpr_above), (tpr_below, tpr_above) = fpr[bracket], tpr[bracket]
     weight = (max_area - fpr_below) / (fpr_above - fpr_below)
     interp_tpr = torch.lerp(tpr_below, tpr_above, weight)
-    kept = torch.arange(fpr.numel(), device=fpr.device) < stop
+    kept = _positions(fpr.numel(), fpr.device) < stop
     cut_fpr = torch.cat([torch.where(kept, fpr, max_area), max_area.view(1)])
     cut_tpr = torch.cat([torch.where(kept, tpr, interp_tpr), interp_tpr.view(1)])
     partial_auc = _area(cut_fpr, cut_tpr)
     min_area = 0.5 * max_area**2
     corrected = 0.5 * (1 + (partial_auc - min_area) / (max_area - min_area))
-    return torch.where((fpr.sum() == 0) | (tpr.sum() == 0), _area(fpr, tpr), corrected)
+    # stock's ``fpr.sum() == 0 or tpr.sum() == 0``: non-decreasing rates, never negative, sum to 0 exactly when the
+    # last (largest) one is 0; a binned curve of thresholds not known to be ascending takes stock's test as it is
+    full = torch.minimum(fpr[-1], tpr[-1]) == 0 if ascending else (fpr.sum() == 0) | (tpr.sum() == 0)
+    return torch.where(full, _area(fpr, tpr), corrected)
 
 
 def _binned_rates(confmat: Tensor) -> tuple[Tensor, Tensor]:
@@ -149,7 +161,8 @@ def _binary_compute(self: Any) -> Tensor:
     fpr, tpr = _binary_roc(self)
     if self.max_fpr is None or self.max_fpr == 1:
         return _area(fpr, tpr)
-    return _partial_area(fpr, tpr, self.max_fpr)
+    ascending = self.thresholds is None or self.__dict__.get(_ASCENDING, False)  # (binned: the rates' order)
+    return _partial_area(fpr, tpr, self.max_fpr, ascending)
 
 
 @replaces(f"{_MODULE}.MulticlassAUROC.compute", params=("self",), kind="metric_method")

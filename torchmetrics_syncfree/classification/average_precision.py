@@ -60,6 +60,7 @@ def _average_precisions(
     threshold, with stock's warning once per column.
     """
     tps, fps = _ranked_counts(scores, positive, weight)
+    tps, fps = tps[1:], fps[1:]  # (the origin adds no recall step)
     seen = tps + fps
     # a point before any kept entry (only ignored ones above it) has no precision; its recall step is zero
     precision = torch.where(seen > 0, tps / seen, torch.zeros_like(seen))

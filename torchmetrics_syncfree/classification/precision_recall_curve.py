@@ -569,24 +569,57 @@ def _ranked_counts(scores: Tensor, positive: Tensor, weight: Tensor | None = Non
     Stock keeps one point per distinct score (``torch.where(preds[1:] - preds[:-1])``: a data-dependent length, read
     on the host). Here every entry keeps a point, in descending score order, holding the counts at the end of its tie
     group: the points of a tie group coincide, so the curve through all ``N`` points is stock's curve with repeated
-    points, which add zero-width trapezoids and zero recall steps. Entries of ``weight`` 0 (ignored) count nothing:
-    their points repeat the ones before. The counts are float in the default dtype, as stock's ``target * 1.0``.
+    points, which add zero-width trapezoids and zero recall steps. The curve starts at the origin: ``(N + 1, G)`` each,
+    row 0 all zero. Entries where the bool ``weight`` is false (ignored) count nothing: their points repeat the ones
+    before. The counts are float in the default dtype, as stock's ``target * 1.0``.
+
+    The end of an entry's group is found by counting (``cumsum``) the group ends up to each point and searching
+    (``searchsorted``) for the first point past the groups ended before it: a dozen launches for any number of columns.
     """
     order = scores.argsort(dim=0, descending=True)
     ranked = scores.gather(0, order)
-    hits = positive.gather(0, order).to(torch.get_default_dtype())
+    hits = (positive if weight is None else positive & weight).gather(0, order)
+    device, groups = scores.device, scores.shape[1]
+    zero = _constant(0.0, torch.get_default_dtype(), device).expand(1, groups)
+    tps = torch.cat([zero, hits]).cumsum(0)  # the hits among the first m entries, m = 0..N (cat makes them float)
+    # stock's test for a new threshold (a difference, so that NaN and inf behave as in stock): the origin and the last
+    # entry end a group too (their neighbour is NaN)
+    nan = _constant("nan", ranked.dtype, device).expand(1, groups)
+    padded = torch.cat([nan, ranked, nan])
+    ends = (padded[1:] - padded[:-1]) != 0
+    ended = ends.cumsum(0)
+    last = _search_columns(ended, torch.add(ended, ends, alpha=-1))  # the first point past the groups ended before
+    tps = tps.gather(0, last)
     if weight is None:
-        misses = 1 - hits
-    else:
-        kept = weight.gather(0, order).to(hits.dtype)
-        hits, misses = hits * kept, (1 - hits) * kept
-    tps, fps = hits.cumsum(0), misses.cumsum(0)
-    num_entries = scores.shape[0]
-    # stock's test for a new threshold (a difference, so that NaN and inf behave as in stock); the last entry ends one
-    group_ends = torch.cat([(ranked[1:] - ranked[:-1]) != 0, torch.ones_like(ranked[:1], dtype=torch.bool)])
-    position = torch.arange(num_entries, device=scores.device).unsqueeze(1).expand_as(ranked)
-    end_of_group = torch.where(group_ends, position, num_entries - 1).flip(0).cummin(0).values.flip(0)
-    return tps.gather(0, end_of_group), fps.gather(0, end_of_group)
+        return tps, torch.sub(last, tps)  # a point is an entry: those up to its group's end, less the hits
+    seen = torch.cat([zero, weight.gather(0, order)]).cumsum(0).gather(0, last)
+    return tps, seen - tps
+
+
+def _search_columns(sorted_columns: Tensor, values: Tensor) -> Tensor:
+    """``searchsorted(..., right=True)`` of each column of ``values`` in the same column of ``sorted_columns``."""
+    if sorted_columns.shape[1] == 1:  # (N, 1): its transpose is contiguous too
+        return torch.searchsorted(sorted_columns.T, values.T, right=True).T
+    return torch.searchsorted(sorted_columns.T.contiguous(), values.T.contiguous(), right=True).T
+
+
+def _constant(value: float | str, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A 1-element tensor of ``float(value)`` (``"nan"``: NaN), made once per dtype and device."""
+    return _cached(
+        device, ("constant", value, dtype), lambda: torch.full((1,), float(value), dtype=dtype, device=device)
+    )
+
+
+def _constants(values: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``values`` (consecutive integers) as a tensor, made once per dtype and device, without a host-to-device copy."""
+    key = ("constants", values, dtype)
+    return _cached(device, key, lambda: torch.arange(values[0], values[-1] + 1, dtype=dtype, device=device))
+
+
+def _positions(size: int, device: torch.device) -> Tensor:
+    """``torch.arange(size)``: a view of an ``arange`` of the next power of two, made once per such length."""
+    length = 1 << max(size - 1, 0).bit_length()
+    return _cached(device, ("arange", length), lambda: torch.arange(length, device=device))[:size]
 
 
 def _average_ignoring_nan(metric: Any, res: Tensor, average: str | None, weights: Tensor | None) -> Tensor:
