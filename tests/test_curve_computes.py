@@ -106,6 +106,24 @@ def test_partial_auc_parity(path: str, max_fpr: float) -> None:
         parity(cases, path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_partial_auc_of_a_binned_curve_that_starts_past_max_fpr(path: str) -> None:
+    """No point at or below ``max_fpr`` (the highest threshold's false positive rate is above it, as in a small
+    batch's forward): stock cuts the curve to the interpolated point alone, area 0, and returns the McClish floor. The
+    device path moved every point onto that point; a flat curve made its interpolation 0 / 0, and the area NaN."""
+    cases: dict[str, Case] = {
+        "flat": (
+            lambda: _make("AUROC", "binary", [0.2, 0.4, 0.6], None, None, max_fpr=0.5),
+            [(torch.tensor([0.9258, 0.0542, 0.8386]), torch.tensor([0, 1, 1]))],
+        ),
+        "rising": (
+            lambda: _make("AUROC", "binary", 5, None, None, max_fpr=0.1),
+            [(torch.tensor([0.97, 0.9, 0.1, 0.6, 0.3]), torch.tensor([0, 0, 1, 1, 0]))],
+        ),
+    }
+    parity(cases, path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+
+
 def _syncs_of(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
     counts = {}
     with warnings.catch_warnings():

@@ -47,7 +47,6 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _file_warning,
     _kept_entries,
     _list_state,
-    _positions,
     _ranked_counts,
     _stock_compute_where_reads_are_free,
 )
@@ -98,9 +97,13 @@ def _partial_area(fpr: Tensor, tpr: Tensor, max_fpr: float, ascending: bool = Tr
     # is stock's ``fpr[stop - 1]`` when no point is at or below ``max_fpr``: the last point (advanced indexing wraps)
     bracket = torch.add(stop, _constants((-1, 0), torch.long, fpr.device)).clamp_(max=fpr.numel() - 1)
     (fpr_below, fpr_above), (tpr_below, tpr_above) = fpr[bracket], tpr[bracket]
-    weight = (max_area - fpr_below) / (fpr_above - fpr_below)
+    # a bracket of equal rates (stop 0 on a flat curve, where stock's area of the cut is 0 whatever it interpolates;
+    # stop past the last point, where stock fails) has an infinite or undefined weight: 0, the lower point stands in
+    weight = ((max_area - fpr_below) / (fpr_above - fpr_below)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     interp_tpr = torch.lerp(tpr_below, tpr_above, weight)
-    kept = _positions(fpr.numel(), fpr.device) < stop
+    # the points at or below ``max_fpr``: the first ``stop`` of a non-decreasing curve (no arange: it would be as long
+    # as the epoch's scores)
+    kept = fpr <= max_area if ascending else torch.arange(fpr.numel(), device=fpr.device) < stop
     cut_fpr = torch.cat([torch.where(kept, fpr, max_area), max_area.view(1)])
     cut_tpr = torch.cat([torch.where(kept, tpr, interp_tpr), interp_tpr.view(1)])
     partial_auc = _area(cut_fpr, cut_tpr)

@@ -616,12 +616,6 @@ def _constants(values: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return _cached(device, key, lambda: torch.arange(values[0], values[-1] + 1, dtype=dtype, device=device))
 
 
-def _positions(size: int, device: torch.device) -> Tensor:
-    """``torch.arange(size)``: a view of an ``arange`` of the next power of two, made once per such length."""
-    length = 1 << max(size - 1, 0).bit_length()
-    return _cached(device, ("arange", length), lambda: torch.arange(length, device=device))[:size]
-
-
 def _average_ignoring_nan(metric: Any, res: Tensor, average: str | None, weights: Tensor | None) -> Tensor:
     """Stock's ``_reduce_auroc``/``_reduce_average_precision`` after ``res``, without boolean indexing.
 
