@@ -124,6 +124,16 @@ def test_ranks_equal_stocks_for_random_ties() -> None:
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+def test_ranks_equal_stocks_for_nan_and_infinite_values() -> None:
+    """Every NaN is its own tie group after the finite values and the infinities, as stock's sort and unique have it."""
+    from torchmetrics.functional.regression.spearman import _rank_data
+
+    nan, inf = float("nan"), float("inf")
+    for values in ([nan, 1.0, nan, 2.0], [inf, nan, 1.0, inf, nan, -inf, 1.0], [nan], [2.0], []):
+        data = torch.tensor(values)
+        torch.testing.assert_close(rank_data(data), _rank_data(data), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_invalid_inputs_raise_stocks_errors(path: str) -> None:
     with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():

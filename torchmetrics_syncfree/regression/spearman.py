@@ -3,16 +3,18 @@
 ==================================================  ===========================================================
 stock                                                sync-free (device path)
 ==================================================  ===========================================================
-``_rank_data``: 1.7.4+ ``torch.unique(...,            one ``sort`` per output; tie groups from the sorted values:
-return_inverse, return_counts)`` + ``scatter_add``;  the group's first position by a running ``cummax``, its
-1.6-1.7.1 ``_find_repeats`` (``nonzero``, boolean    last by a reversed running ``cummin``; the tie's rank, the
-masks) and a Python loop over the repeated values    mean of its positions, is ``(first + last) / 2 + 1``
+``_rank_data``: 1.7.4+ ``torch.unique(...,            one ``sort`` per output; a tie-group id per sorted value
+return_inverse, return_counts)`` + ``scatter_add``;  (running count of value changes); the group's first and
+1.6-1.7.1 ``_find_repeats`` (``nonzero``, boolean    one-past-last positions by ``searchsorted`` of the ids; the
+masks) and a Python loop over the repeated values    tie's rank, the mean of its 1-based positions, is
+                                                     ``(first + end + 1) / 2``
 ==================================================  ===========================================================
 
 The update reads nothing (dtype and shape checks, list appends) and stays stock's. Where host reads are free (CPU)
-``compute`` is stock's. On the device path the ranks are computed exactly (in float64) and cast to stock's rank dtype
-(float32 from 1.7.4 on, the data's dtype before), so they equal stock's rounded ranks; the rest of ``compute`` is
-stock's arithmetic on tensors of stock's layout, so the values are stock's to the bit.
+``compute`` is stock's. On the device path twice each rank is an exact integer, halved in stock's rank dtype (float32
+from 1.7.4 on, the data's dtype before), so the ranks equal stock's rounded ranks; the rest of ``compute`` is stock's
+arithmetic on tensors of stock's layout, so the values are stock's to the bit. Ten kernels rank a tensor where stock
+launches eight and reads the host (``unique``).
 
 Deliberate deviations (documented): stock 1.7.4+ sums the ranks of a tie group in int32, which overflows for ties
 whose rank sum passes 2**31 (e.g. 70,000 equal values); the device path's ranks stay exact there. NaN inputs: each
@@ -44,18 +46,22 @@ def _rank_dtype(data: Tensor) -> torch.dtype:
 def rank_data(data: Tensor) -> Tensor:
     """Stock's ``_rank_data`` along the last dimension: 1-based ranks, ties given the mean of their ranks.
 
-    Fixed shapes only: one sort, a running maximum and a reversed running minimum, one scatter of the ranks back.
+    Fixed shapes only, ten kernels per call: one sort; a group id per sorted value (a running count of the places
+    where a value differs from its predecessor, so every NaN starts its own group, as in stock's ``torch.unique``);
+    the group's first and one-past-last positions by two binary searches of the ids, which are integers and never
+    NaN (a search of the values themselves would go wrong past a NaN); the tie's mean rank ``(first + last + 1) / 2``
+    (1-based); one scatter back to the data's order.
     """
-    n = data.shape[-1]
     values, order = data.sort(dim=-1)
-    position = torch.arange(n, device=data.device).expand_as(values)
-    starts = torch.ones_like(values, dtype=torch.bool)
-    starts[..., 1:] = values[..., 1:] != values[..., :-1]
-    ends = torch.ones_like(starts)
-    ends[..., :-1] = starts[..., 1:]
-    first = torch.where(starts, position, 0).cummax(dim=-1).values
-    last = torch.where(ends, position, n).flip(-1).cummin(dim=-1).values.flip(-1)
-    ranks = ((first + last).double() / 2 + 1).to(_rank_dtype(data))
+    # ``roll`` compares the first value with the last instead of leaving it unset: the ids only need to be
+    # non-decreasing, and a first group numbered 0 or 1 leaves every search unchanged
+    group = (values != values.roll(1, dims=-1)).cumsum(dim=-1)
+    first = torch.searchsorted(group, group, side="left")
+    end = torch.searchsorted(group, group, side="right")
+    doubled = first + end + 1  # twice the mean 1-based rank: an integer, so halving it rounds as stock's division
+    rank_dtype = _rank_dtype(data)
+    # in float32 the integer halved equals its exact half rounded (halving commutes with binary rounding)
+    ranks = doubled / 2 if rank_dtype == torch.float32 else (doubled.double() / 2).to(rank_dtype)
     return torch.empty_like(ranks).scatter_(-1, order, ranks)
 
 
@@ -70,7 +76,8 @@ def _compute(self: Any) -> Tensor:
     if preds.ndim == 1:
         preds, target = rank_data(preds), rank_data(target)
     else:  # stock ranks each output's column and stacks them: a transposed (outputs, N) tensor, the same layout
-        preds, target = rank_data(preds.T), rank_data(target.T)
+        # contiguous rows: ``searchsorted`` copies (and warns about) non-contiguous sequences itself
+        preds, target = rank_data(preds.T.contiguous()), rank_data(target.T.contiguous())
         preds, target = preds.T, target.T
     preds_diff = preds - preds.mean(0)
     target_diff = target - target.mean(0)
