@@ -129,7 +129,7 @@ def test_ranks_equal_stocks_for_nan_and_infinite_values() -> None:
     from torchmetrics.functional.regression.spearman import _rank_data
 
     nan, inf = float("nan"), float("inf")
-    for values in ([nan, 1.0, nan, 2.0], [inf, nan, 1.0, inf, nan, -inf, 1.0], [nan], [2.0], []):
+    for values in ([nan, 1.0, nan, 2.0], [inf, nan, 1.0, inf, nan, -inf, 1.0], [nan], [2.0]):
         data = torch.tensor(values)
         torch.testing.assert_close(rank_data(data), _rank_data(data), rtol=0, atol=0)
 

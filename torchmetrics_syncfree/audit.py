@@ -51,6 +51,10 @@ NAMESPACES = (
     "torchmetrics.wrappers",
     "torchmetrics.image",
     "torchmetrics.text",
+    "torchmetrics.audio",
+    "torchmetrics.detection",
+    "torchmetrics.multimodal",
+    "torchmetrics.shape",
 )
 BATCH = 32
 NUM_CLASSES = 5
@@ -137,20 +141,31 @@ class _Nested:
 
 
 def _argument(node: ast.expr) -> Any:
-    """A literal, or (for wrappers such as ``MinMaxMetric(MeanSquaredError())``) a nested metric specification."""
+    """A literal, or (for wrappers such as ``MinMaxMetric(MeanSquaredError())``) a nested metric specification.
+
+    A dict with literal keys may hold nested specifications as values (``MultitaskWrapper({'a': MeanMetric()})``).
+    """
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         nested = ast.unparse(node)
         parse_spec(nested)  # the same rules, all the way down
         return _Nested(nested)
+    if isinstance(node, ast.Dict) and all(key is not None for key in node.keys):
+        return {ast.literal_eval(key): _argument(value) for key, value in zip(node.keys, node.values)}
     return ast.literal_eval(node)
+
+
+def _built(arg: Any) -> Any:
+    if isinstance(arg, _Nested):
+        return build_metric(arg.spec)
+    if isinstance(arg, dict):
+        return {key: _built(value) for key, value in arg.items()}
+    return arg
 
 
 def build_metric(spec: str) -> Any:
     """A new metric instance as the specification ``spec`` describes it (parsed with :func:`parse_spec`)."""
     cls, args, kwargs = parse_spec(spec)
-    args = tuple(build_metric(arg.spec) if isinstance(arg, _Nested) else arg for arg in args)
-    kwargs = {key: build_metric(value.spec) if isinstance(value, _Nested) else value for key, value in kwargs.items()}
-    return cls(*args, **kwargs)
+    return cls(*(_built(arg) for arg in args), **{key: _built(value) for key, value in kwargs.items()})
 
 
 # ----------------------------------------------------------------------------------------------- inputs

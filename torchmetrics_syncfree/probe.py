@@ -108,6 +108,9 @@ class SyncEvent:
         caller: ``file:line`` of the innermost frame outside PyTorch, TorchMetrics and this package: the user's
             line that led to it (equal to ``location`` when the op is in user code).
         source: the source text of ``location``.
+        library: ``file:line`` of the innermost frame inside TorchMetrics or this package (``""`` when none is on
+            the stack): the library line responsible, where ``location`` may be a helper of another package (NumPy,
+            SciPy, ``lightning_utilities``) that the library called.
 
     """
 
@@ -116,6 +119,7 @@ class SyncEvent:
     location: str
     caller: str
     source: str = ""
+    library: str = ""
 
     def __str__(self) -> str:
         where = self.location if self.caller == self.location else f"{self.location} (called from {self.caller})"
@@ -134,27 +138,28 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR) or filename == _THIS_FILE or filename in _STDLIB_FILES
 
 
-def _attribute(frame: FrameType | None) -> tuple[str, str, str]:
-    """(location, caller, source line) for the stack above ``frame``."""
+def _attribute(frame: FrameType | None) -> tuple[str, str, str, str]:
+    """(location, caller, source line, innermost library frame) for the stack above ``frame``."""
     import linecache
 
     location = caller = "<unknown>"
-    source = ""
-    found_location = False
+    source = library = ""
     for f in _frames(frame):
         filename = os.path.abspath(f.f_code.co_filename)
         if _is_internal(filename):
             continue
         where = f"{filename}:{f.f_lineno}"
-        if not found_location:
-            location, found_location = where, True
-            source = linecache.getline(filename, f.f_lineno).strip()
-        if not filename.startswith(_LIBRARY_DIRS):
+        if not source:
+            location, source = where, linecache.getline(filename, f.f_lineno).strip() or " "
+        if filename.startswith(_LIBRARY_DIRS):
+            library = library or where
+        elif caller == "<unknown>":
             caller = where
+        if library and caller != "<unknown>":
             break
     if caller == "<unknown>":
         caller = location
-    return location, caller, source
+    return location, caller, source.strip(), library
 
 
 #: CPU probes active in any thread; simulating_device() answers without thread-local lookups while it is 0
@@ -193,8 +198,8 @@ def report(kind: str, op: str, probes: list[SyncProbe] | None = None) -> None:
         probes = [p for p in _active_probes() if p.device_type == "cpu"]
     if not probes:
         return
-    location, caller, source = _attribute(sys._getframe(1))
-    event = SyncEvent(kind, op, location, caller, source)
+    location, caller, source, library = _attribute(sys._getframe(1))
+    event = SyncEvent(kind, op, location, caller, source, library)
     for probe in probes:
         probe.events.append(event)
 
