@@ -289,6 +289,11 @@ def test_wrapper_specs_nest_their_base_metric_and_aliases_resolve_to_the_sub_pac
     assert type(metric) is MinMaxMetric and type(metric._base_metric) is MeanSquaredError
     assert audit.make_inputs("auto", metric, torch.device("cpu"))[0][0].shape == (audit.BATCH,)
     assert audit.parse_spec("PeakSignalNoiseRatio(data_range=1.0)")[0] is PeakSignalNoiseRatio
+    # a dict of nested specifications (MultitaskWrapper), parsed by the same rules
+    tasks = audit.build_metric("MultitaskWrapper({'a': MeanSquaredError(), 'b': MinMaxMetric(MeanSquaredError())})")
+    assert [type(m).__name__ for m in tasks.task_metrics.values()] == ["MeanSquaredError", "MinMaxMetric"]
+    with pytest.raises(audit.SpecError):
+        audit.parse_spec("MultitaskWrapper({'a': __import__('os')})")
     with pytest.raises(audit.SpecError):
         audit.parse_spec("MinMaxMetric(__import__('os').system('true'))")
 

@@ -84,6 +84,45 @@ def test_stock_mean_update_reads_two_nan_flags():
         assert event.location.startswith(os.path.dirname(torchmetrics.__file__))
         assert "nans" in event.source and ".any()" in event.source
         assert event.caller.startswith(os.path.abspath(__file__))
+        assert event.library == event.location, "the op is issued by a TorchMetrics line itself"
+
+
+def test_events_name_the_innermost_library_frame_even_when_a_helper_issues_the_op():
+    """``library``: the TorchMetrics/torchmetrics_syncfree line responsible, where the op runs in code it called."""
+    from torchmetrics.functional.audio import permutation_invariant_training
+
+    def reading_metric(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        (preds - target).sum().item()  # a user's metric function that reads
+        return -(preds - target).abs().mean(-1)
+
+    with SyncProbe() as probe:
+        X[0].item()  # user code: no library frame
+        permutation_invariant_training(torch.rand(2, 2, 8), torch.rand(2, 2, 8), reading_metric, eval_func="max")
+    user, *stock = probe.events
+    assert user.library == ""
+    helper = [event for event in stock if event.location.startswith(os.path.abspath(__file__))]
+    assert helper, probe.summary()  # pit.py's own syncs aside
+    for event in helper:
+        assert ".item()" in event.source and event.caller == event.location
+        assert event.library.startswith(os.path.dirname(torchmetrics.__file__)), event
+
+
+def test_a_host_wait_is_attributed_to_the_call_that_asked_for_the_read():
+    """The counters' read in ``_deferred`` waits for whoever asked: the event names compute's ``sync_context``."""
+    from torchmetrics_syncfree import _deferred, patched
+
+    value = torch.tensor(0.5)
+    with patched(), _deferred.simulated_copy_delay(None):
+        metric = MeanMetric()
+        metric.update(value)
+        with SyncProbe() as probe:
+            metric.update(value)
+            metric.compute()
+    [wait] = probe.events
+    assert wait.kind == "host wait"
+    assert wait.location == wait.library
+    assert wait.location.startswith(os.path.join(os.path.dirname(_deferred.__file__), "metric.py:"))
+    assert wait.caller.startswith(os.path.abspath(__file__))
 
 
 def test_stock_mean_update_of_a_python_float_also_copies_to_the_device():

@@ -5,7 +5,8 @@
     time/step, syncs per step and whether stock and patched agree.
 ``audit``
     the would-be syncs of ``update``/``forward``/``compute`` of common metric configurations or of the metrics you
-    name (``--metric "Accuracy(task='binary')"``), stock vs patched, with the source line of each.
+    name (``--metric "Accuracy(task='binary')"``), stock vs patched, with the source line of each; ``--all``: the
+    census of every metric class TorchMetrics exports (``--markdown``: the README's coverage table).
 ``gpu-check``
     for a GPU machine without network: the CUDA tests, the ResNet-18 demo and the CUDA audit, in one report file.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from torchmetrics_syncfree import gpu_check
 
@@ -109,6 +112,16 @@ def _audit_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--catalogue", action="store_true", help="audit the catalogue as well as the --metric metrics")
     p.add_argument(
+        "--all",
+        action="store_true",
+        help="the census: every metric class torchmetrics exports, stock vs patched (device path, the checks' host"
+        " copy in flight), with the reason of every remaining sync; skipped classes with theirs",
+    )
+    p.add_argument(
+        "--only", action="append", default=[], metavar="CLASS", help="with --all: only this class (repeatable)"
+    )
+    p.add_argument("--markdown", action="store_true", help="with --all: the per-family coverage table (markdown)")
+    p.add_argument(
         "--launches",
         action="store_true",
         help="count kernel launches per update()/forward() instead (stock vs the patched device path, copy in"
@@ -183,28 +196,40 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_progress(name: str, run: Callable[[Callable[[int, int, str], None]], Any]) -> Any:
+    """``run(progress)``, where ``progress`` shows "name i/n: label" on a terminal's stderr (cleared at the end)."""
+
+    def progress(index: int, total: int, label: str) -> None:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\r\033[K{name} {index + 1}/{total}: {label}")
+            sys.stderr.flush()
+
+    try:
+        return run(progress)
+    finally:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
+
+
 def run_audit_command(args: argparse.Namespace) -> int:
     """Run the audit, print tables or JSON; exit status 2 if it cannot run, 1 if ``--strict`` fails."""
     from torchmetrics_syncfree import audit
 
     if args.launches:
         return _run_launch_audit(args)
-
-    def progress(index: int, total: int, label: str) -> None:
-        if sys.stderr.isatty():
-            sys.stderr.write(f"\r\033[Kaudit {index + 1}/{total}: {label}")
-            sys.stderr.flush()
+    if args.all:
+        return _run_census(args)
 
     try:
-        results = audit.audit(
-            args.metric, inputs=args.inputs, device=args.device, include_catalogue=args.catalogue, progress=progress
+        results = _with_progress(
+            "audit",
+            lambda progress: audit.audit(
+                args.metric, inputs=args.inputs, device=args.device, include_catalogue=args.catalogue, progress=progress
+            ),
         )
     except (audit.SpecError, RuntimeError) as err:
         print(f"torchmetrics-syncfree audit: {err}", file=sys.stderr)
         return 2
-    finally:
-        if sys.stderr.isatty():
-            sys.stderr.write("\r\033[K")
     if args.json:
         print(audit.to_json(results, args.device))
     elif args.no_sources:
@@ -214,6 +239,28 @@ def run_audit_command(args: argparse.Namespace) -> int:
     bad = audit.patched_syncs(results)
     if args.strict and bad:
         print(f"\n--strict: patched update()/forward() still syncs for: {'; '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_census(args: argparse.Namespace) -> int:
+    from torchmetrics_syncfree import audit, census
+
+    try:
+        rows = _with_progress("census", lambda progress: census.census(args.only, args.device, progress))
+    except (audit.SpecError, RuntimeError) as err:
+        print(f"torchmetrics-syncfree audit: {err}", file=sys.stderr)
+        return 2
+    payload = census.to_payload(rows, args.device)
+    if args.json:
+        print(json.dumps(payload, indent=1))
+    elif args.markdown:
+        print(census.format_markdown(payload))
+    else:
+        print(census.format_text(payload) + "\n\n" + census.format_summary(payload))
+    syncing = [row.name for row in rows if not row.skipped and row.syncs("patched")]
+    if args.strict and syncing:
+        print(f"\n--strict: patched update()/forward() still syncs for: {', '.join(syncing)}", file=sys.stderr)
         return 1
     return 0
 

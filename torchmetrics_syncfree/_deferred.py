@@ -57,6 +57,7 @@ KINDS = "_deferred_check_kinds"
 DEVICE_PATH_ENV_VAR = "TORCHMETRICS_SYNCFREE_DEVICE_PATH"
 
 _forced = os.environ.get(DEVICE_PATH_ENV_VAR, "") not in ("", "0")
+_THIS_FILE = (os.path.abspath(__file__),)
 #: on a simulated device, the number of sweeps after which a launched copy has arrived (``None``: never)
 _simulated_delay: int | None = 0
 
@@ -542,7 +543,8 @@ def take_pending(metric: Any) -> list[int] | None:
     if not kinds or _quiet_time(metric) or _surely_zero(counters):
         return None
     if not reads_are_free(counters) and probe.simulating_device():
-        probe.report(probe.HOST_WAIT, "Tensor.tolist")  # on a GPU this read waits for the queued work
+        # on a GPU this read waits for the queued work; the wait is attributed to whoever asked for the read
+        probe.report(probe.HOST_WAIT, "Tensor.tolist", skip=_THIS_FILE)
     with probe.quiet():
         counts = counters.tolist()
     reader = _reader(metric, counters, create=False)

@@ -138,15 +138,15 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR) or filename == _THIS_FILE or filename in _STDLIB_FILES
 
 
-def _attribute(frame: FrameType | None) -> tuple[str, str, str, str]:
-    """(location, caller, source line, innermost library frame) for the stack above ``frame``."""
+def _attribute(frame: FrameType | None, skip: tuple[str, ...] = ()) -> tuple[str, str, str, str]:
+    """(location, caller, source line, innermost library frame) for the stack above ``frame``, past ``skip`` files."""
     import linecache
 
     location = caller = "<unknown>"
     source = library = ""
     for f in _frames(frame):
         filename = os.path.abspath(f.f_code.co_filename)
-        if _is_internal(filename):
+        if _is_internal(filename) or filename in skip:
             continue
         where = f"{filename}:{f.f_lineno}"
         if not source:
@@ -190,15 +190,19 @@ def quiet() -> Iterator[None]:
         _state.quiet -= 1
 
 
-def report(kind: str, op: str, probes: list[SyncProbe] | None = None) -> None:
-    """Record an event on ``probes`` (default: every active CPU probe, e.g. for this package's own host waits)."""
+def report(kind: str, op: str, probes: list[SyncProbe] | None = None, skip: tuple[str, ...] = ()) -> None:
+    """Record an event on ``probes`` (default: every active CPU probe, e.g. for this package's own host waits).
+
+    ``skip``: absolute paths of files whose frames the event is not attributed to (this package's machinery that
+    reads on behalf of its caller: the wait is the caller's, e.g. a ``reset()`` or ``compute()``).
+    """
     if getattr(_state, "quiet", 0):
         return
     if probes is None:
         probes = [p for p in _active_probes() if p.device_type == "cpu"]
     if not probes:
         return
-    location, caller, source, library = _attribute(sys._getframe(1))
+    location, caller, source, library = _attribute(sys._getframe(1), skip)
     event = SyncEvent(kind, op, location, caller, source, library)
     for probe in probes:
         probe.events.append(event)
