@@ -299,6 +299,10 @@ def record(metric: Any, kind: Check, flag: Tensor) -> bool:
             kind.report(count)
             return True
         return False
+    counters = metric.__dict__.get(STATE)
+    if counters is not None and metric.__dict__.get(KINDS) == (kind,) and not read_only(counters):
+        counters.add_(flag)  # the common case, once per update: one counter, no slot to index
+        return True
     counters = _ensure_counters(metric, kind)
     counters[_slot(metric, kind)].add_(flag)
     return True
@@ -503,13 +507,23 @@ def sweep(metric: Any) -> None:
     if counters is None or reads_are_free(counters):  # first: the common case, at the end of every CPU update
         return
     kinds = metric.__dict__.get(KINDS)
-    if not kinds or _quiet_time(metric) or _reports_at_sync(metric):
+    if not kinds or _quiet_time(metric):
+        return
+    entry = _readers.get(id(metric))
+    if entry is not None and entry[1].in_flight and entry[0]() is metric:
+        # the common case on a GPU a step behind: the copy is still on its way, and there is nothing else to do
+        reader = entry[1]
+        reader.age += 1
+        if not reader.ready():
+            return
+    if _reports_at_sync(metric):
         return
     counters = _writable(metric, counters)  # the reader consumes what it reports from them in place
     reader = _reader(metric, counters)
     counts: list[int] = []
     if reader.in_flight:
-        reader.age += 1
+        if entry is None or entry[1] is not reader:  # not aged above: a new reader (another device)
+            reader.age += 1
         if reader.ready():
             counts = reader.take(counters)
     if not reader.in_flight:

@@ -571,16 +571,18 @@ def _scatter_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, weights)
 
 
-def _checked_sink(metric: Any | None, invalid: Tensor) -> Tensor | None:
+def _checked_sink(metric: Any | None, invalid: Tensor, integer: bool = False) -> Tensor | None:
     """With ``metric`` (``validate_args``): file the count of invalid entries and return ``keep``.
 
     The count is an error's: any positive count raises once at the next eager point. ``keep`` (0-dim: no invalid
-    entry) leaves the batch out of the state.
+    entry) leaves the batch out of the state: a bool, or with ``integer`` the count's dtype, 1 or 0, for multiplying
+    integer counts (``torch._foreach_mul`` of int64 tensors by a bool promotes each on its slow path: twice the host
+    time of one by an int64).
     """
     if metric is None:
         return None
     _deferred.record(metric, _deferred.INVALID_VALUES, invalid)
-    return invalid.eq(0)
+    return torch.pow(0, invalid) if integer else invalid.eq(0)  # 0 ** 0 == 1, 0 ** n == 0: one op, no bool
 
 
 def _lean_counting(preds: Tensor, target: Tensor, multidim_average: str = "global") -> bool:
@@ -604,7 +606,7 @@ def _lean_confusion(
     One ``scatter_add_`` counts ``target * C + argmax(preds)`` into ``C**2 + 1`` cells: a target that is no class
     (below 0 or ``C`` and up) gives an index outside ``[0, C**2)``, which ``clamp_``/``remainder_`` send to the last
     cell; ignored entries weigh 0. With ``metric`` (``validate_args``), the last cell is the number of invalid entries:
-    it feeds the metric's check counter, and the returned ``keep`` (``sink == 0``, else ``None``) leaves the whole
+    it feeds the metric's check counter, and the returned ``keep`` (``sink == 0`` as 1 or 0, else ``None``) leaves the whole
     batch out, as the stock validation's error would. Nine launches for the confusion matrix's update (stock: five,
     without a range check), where a compare/any/where chain took twenty.
     """
@@ -613,15 +615,20 @@ def _lean_confusion(
     index = _into_sink(labels.add(target, alpha=num_classes), cells)
     weights = None if ignore_index is None else (target != ignore_index).long()
     bins = _scatter_counts(index, cells + 1, weights)
-    return bins[:cells].view(num_classes, num_classes), _checked_sink(metric, bins[cells])
+    return bins[:cells].view(num_classes, num_classes), _checked_sink(metric, bins[cells], integer=True)
 
 
-def _stats_of_confusion(confmat: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """tp/fp/tn/fn per class of a ``(C, C)`` matrix (rows: target); ``tn`` is what the other three leave."""
+def _stats_of_confusion(confmat: Tensor, counted: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """tp/fp/tn/fn per class of a ``(C, C)`` matrix (rows: target); ``tn`` is what the other three leave.
+
+    ``counted``: the number of entries in the matrix where the host knows it (no entry ignored or sunk), which saves
+    summing the matrix.
+    """
     tp = confmat.diagonal()
     predicted = confmat.sum(0)
     fp, fn = torch._foreach_sub([predicted, confmat.sum(1)], [tp, tp])
-    return tp, fp, confmat.sum() - predicted - fn, fn
+    total = confmat.sum() if counted is None else counted
+    return tp, fp, torch.rsub(predicted, total) - fn, fn
 
 
 def _confusion_counts(
@@ -798,8 +805,11 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         if checked is not None:
             _multiclass_shape_checks(preds, target, self.num_classes, self.multidim_average)
         confmat, keep = _lean_confusion(preds, target, self.num_classes, self.ignore_index, checked)
-        stats = _stats_of_confusion(confmat)  # an invalid batch is left out of its C-sized stats, not its C*C matrix
-        self._update_state(*(stats if keep is None else torch._foreach_mul(stats, keep)))
+        # with nothing ignored, every entry is in the matrix, or its batch is invalid and left out (keep = 0) anyway
+        counted = target.numel() if self.ignore_index is None and checked is not None else None
+        stats = _stats_of_confusion(confmat, counted)
+        # an invalid batch is left out of its C-sized stats, not its C*C matrix; the states of this path are tensors
+        add_to_states(self, _STAT_STATES, stats if keep is None else torch._foreach_mul(stats, keep))
         _deferred.sweep(self)
         return
     invalid = None
