@@ -217,7 +217,11 @@ def _simulate_device(deferred: ModuleType) -> None:
 
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
-AREAS_WITHOUT_PATCHES: dict[str, str] = {}
+AREAS_WITHOUT_PATCHES: dict[str, str] = {
+    "wrapper_checks": "issue 28: Running's update/forward/compute and the MinMaxMetric/BootStrapper forwards hold the"
+    " wrapped metrics (internal resets keep their pending checks); the series' deferred-checks patch needs a"
+    " `held` helper in torchmetrics.utilities.deferred and these five methods",
+}
 
 
 #: Targets the layer replaces only for older releases: upstream master (what the series is made against) already has

@@ -383,7 +383,7 @@ def _example_metrics() -> list[Any]:
     )
     from torchmetrics.retrieval import RetrievalFallOut, RetrievalMRR
     from torchmetrics.segmentation import GeneralizedDiceScore
-    from torchmetrics.wrappers import MinMaxMetric
+    from torchmetrics.wrappers import BootStrapper, MinMaxMetric, Running
 
     return [
         MeanMetric(),
@@ -420,6 +420,8 @@ def _example_metrics() -> list[Any]:
         # issue 11
         GeneralizedDiceScore(num_classes=3),
         MinMaxMetric(MeanMetric()),
+        Running(MeanMetric(), window=2),
+        BootStrapper(MeanMetric(), num_bootstraps=2),
         RetrievalMRR(),  # the retrieval base class's __init__, update and compute
         RetrievalFallOut(),  # its own compute
     ]

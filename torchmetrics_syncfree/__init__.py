@@ -68,6 +68,10 @@ register_area(
 )
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
+# issue 27: a MetricCollection's members synced in one collective
+register_area("collections", "torchmetrics_syncfree.collections", requires=("metric", "distributed"))
+# issue 28: the wrappers' internal resets and computes of the metrics they wrap read no check counters
+register_area("wrapper_checks", "torchmetrics_syncfree.wrappers.checks", requires=("metric",))
 
 __all__ = [
     "FORCE_ENV_VAR",

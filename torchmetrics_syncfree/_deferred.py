@@ -392,6 +392,29 @@ def _leave_out(metric: Any) -> dict[str, Any] | None:
     return defaults
 
 
+@contextmanager
+def held(*metrics: Any) -> Iterator[None]:
+    """A wrapper's internal calls of the metrics it wraps: their pending counts travel on to the next eager point.
+
+    Wrappers reset and compute the metrics they wrap as part of their own ``update``/``forward`` (``Running`` after
+    every update, ``MinMaxMetric`` and ``BootStrapper`` inside ``forward``). A ``reset()`` reads the counters before it
+    drops the states (:func:`take_pending`): on a GPU, where they are never known to be zero, a host wait inside every
+    such call. While held, a metric's counters are left out of its ``_defaults``, as ``forward`` leaves idle ones out
+    (:func:`_leave_out`), and it is in quiet time (:func:`_quiet_time`): its ``reset()`` is stock's, which leaves
+    them in place with what they hold, its ``compute()`` reports nothing and the end of its update (:func:`sweep`)
+    reads nothing. The counts stay in the metric's own counters, each once, until an eager point reads them: the
+    wrapper's ``compute()`` (the wrapped metric's compute), a user's ``reset()``, or an update outside the hold.
+    Nesting is safe (an inner hold finds the counters left out already and puts nothing back).
+    """
+    restore = [(metric, _leave_out(metric)) for metric in metrics if STATE in metric.__dict__]
+    try:
+        yield
+    finally:
+        for metric, defaults in restore:
+            if defaults is not None:
+                metric.__dict__["_defaults"] = defaults
+
+
 def leave_out_counters(metric: Any) -> tuple[dict[str, Any] | None, bool]:
     """The reduce-state ``forward``: leave the check counters out of its state copy, reset and reduction.
 
@@ -492,8 +515,12 @@ def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
 
 
 def _quiet_time(metric: Any) -> bool:
-    """Whether nothing may be read now: inside ``forward`` or while tracing."""
-    return inside_forward(metric) or torch.compiler.is_compiling()
+    """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
+    return (
+        inside_forward(metric)
+        or torch.compiler.is_compiling()
+        or STATE not in metric.__dict__.get("_defaults", (STATE,))
+    )
 
 
 def sweep(metric: Any) -> None:
@@ -561,6 +588,11 @@ def take_pending(metric: Any) -> list[int] | None:
         probe.report(probe.HOST_WAIT, "Tensor.tolist", skip=_THIS_FILE)
     with probe.quiet():
         counts = counters.tolist()
+    return _consume(metric, counters, counts)
+
+
+def _consume(metric: Any, counters: Tensor, counts: list[int]) -> list[int] | None:
+    """Consume ``counts``, just read from ``metric``'s ``counters``; what :func:`take_pending` returns."""
     reader = _reader(metric, counters, create=False)
     if reader is not None:
         reader.in_flight = False  # what its copy would report is read now
@@ -575,6 +607,34 @@ def take_pending(metric: Any) -> list[int] | None:
         own = metric._cache[STATE]
         metric._cache[STATE] = torch.zeros_like(own) if read_only(own) else own.zero_()
     return counts
+
+
+def take_pending_many(metrics: Sequence[Any]) -> list[list[int] | None]:
+    """:func:`take_pending` of every metric in ``metrics`` (synced ones: their counts are every rank's), one read.
+
+    The counters of all of them are read together (one read per device: on a GPU the one host wait of a
+    ``MetricCollection.compute()``), then consumed as :func:`take_pending` consumes them. Metrics whose counters
+    ``compute()`` would not read (none, idle ones left out, known to be zero, quiet time) are ``None``.
+    """
+    taken: list[list[int] | None] = [None] * len(metrics)
+    to_read: dict[torch.device, list[tuple[int, Tensor]]] = {}
+    for index, metric in enumerate(metrics):
+        counters = metric.__dict__.get(STATE)
+        if STATE not in metric._defaults or counters is None or not metric.__dict__.get(KINDS):
+            continue
+        if _quiet_time(metric) or _surely_zero(counters):
+            continue
+        to_read.setdefault(counters.device, []).append((index, counters))
+    for entries in to_read.values():
+        if not reads_are_free(entries[0][1]) and probe.simulating_device():  # as take_pending
+            probe.report(probe.HOST_WAIT, "Tensor.tolist", skip=_THIS_FILE)
+        with probe.quiet():
+            flat = torch.cat([counters.reshape(-1) for _, counters in entries]).tolist()
+        start = 0
+        for index, counters in entries:
+            counts, start = flat[start : start + counters.numel()], start + counters.numel()
+            taken[index] = _consume(metrics[index], counters, counts)
+    return taken
 
 
 def report_counts(metric: Any, counts: Sequence[int] | None) -> None:
