@@ -48,11 +48,11 @@ def _rank_main(scenarios: list[Scenario], rank: int, world_size: int, tmp: str) 
         for index, (backend, fn) in enumerate(scenarios):
             init = f"file://{tmp}/store{index}"
             dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size, timeout=TIMEOUT)
-            new_group, barrier = dist.new_group, dist.barrier  # a scenario may spy on them
+            new_group, barrier, all_gather = dist.new_group, dist.barrier, dist.all_gather  # a scenario may spy on them
             try:
                 results[f"{fn.__name__}@{backend}"] = fn(rank, world_size)
             finally:
-                dist.new_group, dist.barrier = new_group, barrier
+                dist.new_group, dist.barrier, dist.all_gather = new_group, barrier, all_gather
                 dist.destroy_process_group()
         torch.save({"result": results}, out)
     except BaseException:

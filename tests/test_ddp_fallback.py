@@ -106,22 +106,26 @@ def _error(fn: Callable[[], Any]) -> str | None:
 
 
 class _Spy:
-    """Counts ``torch.distributed.new_group`` calls and records the groups ``barrier`` runs on."""
+    """Counts ``torch.distributed.new_group`` calls and records the groups ``barrier`` and ``all_gather`` run on."""
 
     def __init__(self) -> None:
         self.new_groups = 0
-        self.barrier_groups: list[Any] = []
-        new_group, barrier = dist.new_group, dist.barrier
+        self.collective_groups: list[Any] = []
+        new_group, barrier, all_gather = dist.new_group, dist.barrier, dist.all_gather
 
         def counting_new_group(*args: Any, **kwargs: Any) -> Any:
             self.new_groups += 1
             return new_group(*args, **kwargs)
 
         def recording_barrier(*args: Any, **kwargs: Any) -> Any:
-            self.barrier_groups.append(kwargs.get("group", args[0] if args else None))
+            self.collective_groups.append(kwargs.get("group", args[0] if args else None))
             return barrier(*args, **kwargs)
 
-        dist.new_group, dist.barrier = counting_new_group, recording_barrier
+        def recording_all_gather(*args: Any, **kwargs: Any) -> Any:
+            self.collective_groups.append(kwargs.get("group", args[2] if len(args) > 2 else None))
+            return all_gather(*args, **kwargs)
+
+        dist.new_group, dist.barrier, dist.all_gather = counting_new_group, recording_barrier, recording_all_gather
 
 
 class _Fallback:
@@ -169,11 +173,11 @@ def _cuda_only_world(rank: int, world_size: int) -> dict[str, Any]:
         out["stock_errors"][name] = _error(lambda name=name: _suite([rank], only=name))
 
     torchmetrics_syncfree.patch_all()
-    spy.barrier_groups.clear()
+    spy.collective_groups.clear()
     out["world"] = _suite([rank], None, gloo_all)
     fallback = fallbacks.group()
     kinds = {id(fallback): "fallback", id(gloo_all): "native"}  # the collection's native member syncs on gloo_all
-    out["barriers"] = sorted({kinds.get(id(group), "other") for group in spy.barrier_groups})
+    out["collective_groups"] = sorted({kinds.get(id(group), "other") for group in spy.collective_groups})
     out["world_again"] = _suite([rank], None, gloo_all)
     out["fallback_cached"] = fallbacks.group() is fallback
     out["new_groups_world"] = spy.new_groups
@@ -269,10 +273,10 @@ def _check_cuda_only(results: list[dict[str, Any]]) -> None:
         _assert_equal_results(res["world"], res["gloo"])
         _assert_equal_results(res["world_again"], res["gloo"])
         _assert_equal_results(res["world"], whole, exact=False)
-        # one gloo group for WORLD, created on first use and then reused, and every barrier went through it
+        # one gloo group for WORLD, created on first use and then reused, and every collective went through it
         assert res["new_groups_world"] == 1
         assert res["fallback_cached"]
-        assert res["barriers"] == ["fallback", "native"]
+        assert res["collective_groups"] == ["fallback", "native"]
         assert res["gloo_is_own_fallback"]
         assert res["new_groups_gloo"] == 1  # the gloo group needed none
         if world_size == 4:  # a 2-rank subgroup: its own fallback over its ranks only

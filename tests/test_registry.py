@@ -353,6 +353,7 @@ def test_patched_targets_show_stock_docstring_signature_and_help(target):
 
 def _example_metrics() -> list[Any]:
     """One metric of each family whose methods the registry patches."""
+    from torchmetrics import MetricCollection
     from torchmetrics.aggregation import CatMetric, MaxMetric, MinMetric
     from torchmetrics.classification import (
         BinaryAUROC,
@@ -386,6 +387,7 @@ def _example_metrics() -> list[Any]:
     from torchmetrics.wrappers import BootStrapper, MinMaxMetric, Running
 
     return [
+        MetricCollection([SumMetric()]),
         MeanMetric(),
         SumMetric(),
         MaxMetric(),

@@ -246,13 +246,17 @@ def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]
 
 @replaces(_SYNC_DIST, params=("self", "dist_sync_fn", "process_group"))
 def _sync_dist(self: Any, dist_sync_fn: Callable | None = None, process_group: Any | None = None) -> None:
-    """Stock ``Metric._sync_dist`` with every state routed as in :func:`gather_all_tensors`.
+    """Stock ``Metric._sync_dist`` in one collective, or with every state routed as in :func:`gather_all_tensors`.
 
-    A custom ``dist_sync_fn`` is routed too: it receives the fallback group (or the copied state) only where the
-    stock call would have failed.
+    With the default ``dist_sync_fn`` every state is gathered by :func:`sync_states`: one ``all_gather`` for the
+    states whose shape is fixed by their declaration (two with list states), the same values as stock's. A custom
+    ``dist_sync_fn``, or states it cannot pack, take stock's per-state gather, routed: the function receives the
+    fallback group (or the copied state) only where the stock call would have failed.
 
     """
-    if dist_sync_fn is None or dist_sync_fn is stock(_GATHER):
+    if dist_sync_fn is None or dist_sync_fn is stock(_GATHER) or dist_sync_fn is gather_all_tensors:
+        if sync_states([self], process_group or self.process_group):  # issue 27: one collective (two with lists)
+            return
         dist_sync_fn = gather_all_tensors
     elif dist_sync_fn is not gather_all_tensors:
         dist_sync_fn = functools.partial(_route, dist_sync_fn)
@@ -281,3 +285,238 @@ def _empty_list_states_on_cpu(metric: Any) -> Iterator[None]:
         for attr, placeholder in swapped.items():
             if getattr(metric, attr) is placeholder:  # the sync failed before replacing it
                 setattr(metric, attr, [])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# issue 27: every state of one or many metrics in one collective (two with list states)
+
+#: dtypes by code, for the size exchange of variable-size states (the same table on every rank: same torch)
+_DTYPE_NAMES = (
+    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "complex64", "complex128", "uint16", "uint32", "uint64",
+)  # fmt: skip
+_DTYPES = tuple(getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name))
+#: dimensions a variable-size state may have in the size exchange (more: gathered on its own, as stock)
+_MAX_NDIM = 8
+#: the byte rows of the gather end on this boundary, so that every dtype can view its slice of every row
+_ALIGN = 16
+
+
+class _State:
+    """One distinct state to gather: what this rank sends and, once gathered, every rank's value."""
+
+    __slots__ = ("fixed", "gathered", "is_list", "own", "stacked")
+
+    def __init__(self, own: Tensor, fixed: bool, is_list: bool) -> None:
+        self.own = own  # contiguous
+        self.fixed = fixed  # shape and dtype fixed by the declaration: no exchange
+        self.is_list = is_list
+        self.gathered: list[Tensor] = []  # per rank, the own rank's slot is ``own`` (autograd, as stock)
+        self.stacked: Tensor | None = None  # fixed states: the gathered values, stacked
+
+
+def _plan(metric: Any, states: dict[int, _State]) -> list[tuple[str, Any, _State]] | None:
+    """``metric``'s states as ``(attr, reduction, state)``, sharing ``states`` (by identity); ``None``: not coalescible.
+
+    Decided on the host from the states and their declarations (``metric._defaults``), never from device values:
+    a tensor state is fixed when its shape and dtype are its default's (then they are every rank's); a list state of
+    a ``cat`` reduction and any other tensor state are variable (their sizes are exchanged). Anything else (a list
+    with another reduction, non-tensor values, sparse tensors) keeps stock's per-state gather.
+    """
+    plan = []
+    for attr, reduction in metric._reductions.items():
+        value = getattr(metric, attr)
+        state = states.get(id(value))
+        if state is None:
+            state = _new_state(metric, attr, reduction, value)
+            if state is None:
+                return None
+        plan.append((attr, reduction, state))
+    for (_, _, state), attr in zip(plan, metric._reductions):
+        states[id(getattr(metric, attr))] = state
+    return plan
+
+
+def _new_state(metric: Any, attr: str, reduction: Any, value: Any) -> _State | None:
+    if isinstance(value, Tensor):
+        if value.layout != torch.strided or value.dtype not in _DTYPES:
+            return None
+        default = metric._defaults.get(attr)
+        fixed = (
+            reduction is not dim_zero_cat
+            and isinstance(default, Tensor)
+            and value.shape == default.shape
+            and value.dtype == default.dtype
+        )
+        return _State(value.contiguous(), fixed, is_list=False)
+    if reduction is not dim_zero_cat or not isinstance(value, list):
+        return None
+    if not all(isinstance(v, Tensor) and v.layout == torch.strided and v.dtype in _DTYPES for v in value):
+        return None
+    # stock's pre-concatenation, and its stand-in for a rank without data (on the CPU with compute_on_cpu, see
+    # _empty_list_states_on_cpu)
+    if len(value) > 1:
+        own = dim_zero_cat(value)
+    elif value:
+        own = value[0]
+    else:
+        own = torch.empty(0, device="cpu" if metric.compute_on_cpu else metric.device, dtype=metric.dtype)
+    return _State(own.contiguous(), fixed=False, is_list=True)
+
+
+def _bytes(tensor: Tensor) -> Tensor:
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _layout(dtypes: list[torch.dtype], nbytes: list[int]) -> tuple[list[int], int]:
+    """Byte offsets of pieces packed widest dtype first (each offset is then aligned to its dtype), and the row size."""
+    offsets = [0] * len(dtypes)
+    offset = 0
+    for index in sorted(range(len(dtypes)), key=lambda i: -dtypes[i].itemsize):
+        offsets[index] = offset
+        offset += nbytes[index]
+    return offsets, offset + (-offset % _ALIGN)
+
+
+def _pack(pieces: list[Tensor], offsets: list[int], size: int, device: torch.device) -> Tensor:
+    """One uint8 row of ``size`` bytes holding the bytes of ``pieces`` at ``offsets`` (one copy kernel)."""
+    order = sorted(range(len(pieces)), key=lambda i: offsets[i])
+    parts, end = [], 0
+    for index in order:
+        parts.append(_bytes(pieces[index]))
+        end = offsets[index] + parts[-1].numel()
+    if end < size:
+        parts.append(torch.zeros(size - end, dtype=torch.uint8, device=device))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=device)
+
+
+def _all_gather_rows(row: Tensor, group: Any) -> Tensor:
+    """``[world, len(row)]``: every rank's row, in one ``all_gather`` on ``group`` (with the backend fallback)."""
+    parent = _parent(group)
+    types = _device_types(parent)
+    if types is not None and row.device.type not in types:
+        mode = get_fallback_mode()
+        if mode == "gloo":
+            group = _gloo_group(parent)
+        elif mode == "device":
+            return _all_gather_rows(row.to(_group_device(parent, row.device.type)), group).to(row.device)
+    out = torch.empty((dist.get_world_size(group), row.numel()), dtype=torch.uint8, device=row.device)
+    dist.all_gather(list(out.unbind(0)), row, group=group)
+    return out
+
+
+def _gather_states(states: list[_State], group: Any) -> None:
+    """Gather ``states`` (all on one device): one collective for the fixed ones and the sizes, one for the rest."""
+    device = states[0].own.device
+    fixed = [s for s in states if s.fixed]
+    variable = [s for s in states if not s.fixed]
+    pieces = [s.own for s in fixed]
+    if variable:  # the size exchange travels with the fixed states: [dtype code, ndim, sizes...] per state
+        header = []
+        for s in variable:
+            shape = list(s.own.shape) if s.own.ndim <= _MAX_NDIM else [0] * _MAX_NDIM
+            header += [_DTYPES.index(s.own.dtype), s.own.ndim, *shape, *[0] * (_MAX_NDIM - len(shape))]
+        pieces.append(torch.tensor(header, dtype=torch.int64).to(device))
+    offsets, size = _layout([p.dtype for p in pieces], [p.numel() * p.element_size() for p in pieces])
+    with torch.no_grad():
+        rows = _all_gather_rows(_pack(pieces, offsets, size, device), group)
+    world = rows.shape[0]
+    for s, offset in zip(fixed, offsets):
+        nbytes = s.own.numel() * s.own.element_size()
+        s.stacked = rows[:, offset : offset + nbytes].view(s.own.dtype).reshape(world, *s.own.shape)
+    if not variable:
+        return
+    offset = offsets[-1]
+    header = rows[:, offset : offset + 8 * (2 + _MAX_NDIM) * len(variable)].view(torch.int64)
+    described = header.reshape(world, len(variable), 2 + _MAX_NDIM).tolist()  # the one read of the exchange
+    _gather_variable(variable, described, group, device)
+
+
+def _gather_variable(variable: list[_State], described: list[Any], group: Any, device: torch.device) -> None:
+    world = len(described)
+    rank = dist.get_rank(group) if group is not None else dist.get_rank()
+    too_deep = [i for i, s in enumerate(variable) if any(r[i][1] > _MAX_NDIM for r in described)]
+    layouts = []
+    for r in range(world):
+        dtypes = [_DTYPES[described[r][i][0]] for i in range(len(variable))]
+        shapes = [described[r][i][2 : 2 + described[r][i][1]] for i in range(len(variable))]
+        nbytes = [0 if i in too_deep else _numel(shapes[i]) * dtypes[i].itemsize for i in range(len(variable))]
+        offsets, size = _layout(dtypes, nbytes)
+        layouts.append((dtypes, shapes, nbytes, offsets, size))
+    longest = max(layout[4] for layout in layouts)
+    own_layout = layouts[rank]
+    if longest:
+        pieces = [s.own if i not in too_deep else s.own[:0].reshape(-1) for i, s in enumerate(variable)]
+        row = _pack(pieces, own_layout[3], longest, device)
+        with torch.no_grad():
+            rows = _all_gather_rows(row, group)
+    for i, s in enumerate(variable):
+        if i in too_deep:  # every rank sees it: stock's padded gather for this one
+            s.gathered = stock(_GATHER)(s.own, group=group)
+            continue
+        s.gathered = []
+        for r, (dtypes, shapes, nbytes, offsets, _) in enumerate(layouts):
+            if r == rank:
+                s.gathered.append(s.own)
+            elif nbytes[i]:
+                s.gathered.append(rows[r, offsets[i] : offsets[i] + nbytes[i]].view(dtypes[i]).reshape(shapes[i]))
+            else:
+                s.gathered.append(torch.empty(shapes[i], dtype=dtypes[i], device=device))
+
+
+def _numel(shape: list[int]) -> int:
+    numel = 1
+    for size in shape:
+        numel *= size
+    return numel
+
+
+def _reduced(state: _State, reduction: Any, first_use: bool, rank: int) -> Any:
+    """Stock's post-processing of one gathered state: stacked (tensor) or flattened (list), then reduced."""
+    if state.is_list:
+        gathered: Any = list(state.gathered)
+    elif state.stacked is None:
+        gathered = torch.stack(state.gathered)
+    elif state.own.requires_grad:  # the own rank's slot is the state itself, as stock's (gradients flow through it)
+        gathered = torch.stack([state.own if r == rank else row for r, row in enumerate(state.stacked.unbind(0))])
+    else:
+        stacked = state.stacked
+        gathered = stacked.contiguous() if first_use else stacked.clone(memory_format=torch.contiguous_format)
+    if not (callable(reduction) or reduction is None):
+        raise TypeError("reduction_fn must be callable or None")
+    return reduction(gathered) if reduction is not None else gathered
+
+
+def sync_states(metrics: list[Any], group: Any | None) -> bool:
+    """Sync the states of ``metrics`` (all on ``group``) in one ``all_gather`` per device (two with list states).
+
+    Fixed-shape states of every metric are packed, as bytes, into one buffer per device, gathered once and reduced
+    locally by each state's own reduction, exactly as stock reduces them (the same stacked tensors, bit for bit);
+    states shared by several metrics (compute groups) are gathered once. No shape exchange and no host read for
+    them; variable-size states add their sizes to that gather (one read) and their data in a second one.
+
+    Returns:
+        ``False`` (nothing gathered) when a metric has a state this cannot pack (see :func:`_plan`); the caller
+        then syncs as stock.
+
+    """
+    states: dict[int, _State] = {}
+    plans = []
+    for metric in metrics:
+        plan = _plan(metric, states)
+        if plan is None:
+            return False
+        plans.append(plan)
+    distinct = list({id(s): s for s in states.values()}.values())
+    by_device: dict[torch.device, list[_State]] = {}
+    for s in distinct:
+        by_device.setdefault(s.own.device, []).append(s)
+    for device_states in by_device.values():
+        _gather_states(device_states, group)
+    rank = dist.get_rank(group) if group is not None else dist.get_rank()
+    used: set[int] = set()
+    for metric, plan in zip(metrics, plans):
+        for attr, reduction, state in plan:
+            setattr(metric, attr, _reduced(state, reduction, id(state) not in used, rank))
+            used.add(id(state))
+    return True
