@@ -221,6 +221,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "wrapper_checks": "issue 28: Running's update/forward/compute and the MinMaxMetric/BootStrapper forwards hold the"
     " wrapped metrics (internal resets keep their pending checks); the series' deferred-checks patch needs a"
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
+    "collections": "issue 27: MetricCollection._compute_and_reduce syncs its members in one collective; the series'"
+    " patch for collections.py (and the coalesced Metric._sync_dist it calls) is not written yet",
 }
 
 
