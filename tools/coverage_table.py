@@ -62,14 +62,14 @@ def update() -> None:
 
     payload = record_payload(census.to_payload(census.census(progress=progress)))
     print(file=sys.stderr)
-    census.RECORD.write_text(dumps_record(payload))
+    (ROOT / census.RECORD).write_text(dumps_record(payload))
     README.write_text(census.replace_block(README.read_text(), census.readme_block(payload)))
     print(census.format_summary(payload))
 
 
 def check() -> int:
     """Exit status 0 when the README block is the one the record generates; else 1, with how to fix it."""
-    expected = census.readme_block(census.load_record())
+    expected = census.readme_block(census.load_record(ROOT))
     text = README.read_text()
     if census.BEGIN not in text or census.END not in text:
         print(f"README.md has no {census.BEGIN} ... {census.END} block", file=sys.stderr)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         return check()
-    print(census.readme_block(census.load_record()))
+    print(census.readme_block(census.load_record(ROOT)))
     return 0
 
 

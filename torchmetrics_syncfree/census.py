@@ -52,8 +52,9 @@ from torchmetrics_syncfree.probe import HOST_WAIT, SyncEvent, SyncProbe
 CALLS = audit.CALLS
 MODES = audit.MODES
 BATCH, NUM_CLASSES, NUM_LABELS = audit.BATCH, audit.NUM_CLASSES, audit.NUM_LABELS
-#: the record of the census of TorchMetrics 1.9.0 from which the README's coverage table is generated
-RECORD = Path(__file__).resolve().parent.parent / "docs" / "coverage-1.9.0.json"
+#: the record of the census of TorchMetrics 1.9.0 from which the README's coverage table is generated, relative to a
+#: checkout of the project (an installed package has no ``docs/``)
+RECORD = Path("docs") / "coverage-1.9.0.json"
 #: the README's generated block lies between these lines
 BEGIN, END = "<!-- coverage-table:begin -->", "<!-- coverage-table:end -->"
 
@@ -680,6 +681,6 @@ def replace_block(text: str, block: str) -> str:
     return text[:start] + block + text[end:]
 
 
-def load_record(path: Path = RECORD) -> dict[str, Any]:
-    """The recorded census payload."""
-    return json.loads(path.read_text())
+def load_record(root: Path) -> dict[str, Any]:
+    """The recorded census payload of the checkout at ``root``."""
+    return json.loads((root / RECORD).read_text())
