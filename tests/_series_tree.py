@@ -170,6 +170,7 @@ def _simulate_device(deferred: ModuleType) -> None:
         reader = reader_of(metric)
         if reader is not None and reader.in_flight:
             reader.age += 1
+        deferred.COPY_INTERVAL = layer._copy_interval  # the tests' interval (``_deferred.copy_interval``)
         sweep(metric)
         reader, counters = reader_of(metric), metric.__dict__.get(deferred.STATE)
         if reader is not None and reader.event is None and not reader.in_flight and counters is not None:

@@ -391,3 +391,92 @@ def test_the_sweep_looks_up_no_reader_while_tracing(monkeypatch: pytest.MonkeyPa
             deferred.sweep(metric)
         finally:
             _deferred.force_device_path(False)
+
+
+# ----------------------------------------------------------------------------------------------- the copy interval
+
+
+def _copies_per_sweep(updates: int, delay: int | None, batches: Any) -> tuple[int, list[int]]:
+    """Host copies launched over ``updates`` device-path updates at the default interval, and where NaN batches warned.
+
+    ``batches`` are the numbers of the updates fed a NaN; the second result lists, per warning, the update whose
+    sweep warned (``updates``: the final ``compute()``).
+    """
+    launched = 0
+    reported: list[int] = []
+    reader_class = _deferred._Reader
+    launch = reader_class.launch
+
+    def counting_launch(self: Any, counters: Any) -> None:
+        nonlocal launched
+        launched += 1
+        launch(self, counters)
+
+    with (
+        _deferred.copy_interval(_deferred.COPY_INTERVAL),
+        torchmetrics_syncfree.patched(),
+        _deferred.simulated_copy_delay(delay),
+        pytest.MonkeyPatch.context() as monkeypatch,
+    ):
+        monkeypatch.setattr(reader_class, "launch", counting_launch)
+        _deferred.force_device_path(True)
+        try:
+            metric = MeanMetric(nan_strategy="warn")
+            for step in range(updates):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    metric.update(t([NAN, 1.0]) if step in batches else t([1.0, 2.0]))
+                reported += [step] * sum("Encountered `nan`" in str(w.message) for w in caught)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                metric.compute()
+            reported += [updates] * sum("Encountered `nan`" in str(w.message) for w in caught)
+        finally:
+            _deferred.force_device_path(False)
+    return launched, reported
+
+
+@pytest.mark.parametrize("delay", [0, 1])
+def test_copy_interval_launches_a_host_copy_on_one_sweep_in_eight(delay: int) -> None:
+    """A copy of the counters per ``COPY_INTERVAL`` sweeps, not per sweep: 32 clean updates launch 4, not 32 (or 16)."""
+    launched, reported = _copies_per_sweep(32, delay, batches=())
+    assert _deferred.COPY_INTERVAL == 8
+    assert launched == 4
+    assert reported == []
+
+
+@pytest.mark.parametrize("delay", [0, 1, None])
+def test_copy_interval_reports_every_problem_once_and_soon(delay: int | None) -> None:
+    """Problems are reported once each: the first update's at once, later ones within the interval, the rest by
+    ``compute()``. A NaN batch with ``nan_strategy="warn"`` warns once per batch."""
+    launched, reported = _copies_per_sweep(20, delay, batches=(0, 3, 18))
+    if delay is None:  # the copy never arrives: compute() reports all three
+        assert reported == [20, 20, 20]
+        assert launched == 1
+        return
+    # copies start at sweeps 0, 8 and 16 and arrive ``delay`` sweeps later: batch 0 is reported by the first, batch 3
+    # by the second; batch 18 comes after the third and before a fourth is due: compute() reports it
+    assert reported == [delay, 8 + delay, 20]
+    assert launched == 3
+
+
+def test_copy_interval_restarts_after_an_eager_point() -> None:
+    """After ``compute()`` (or ``reset()``) reads the counters, the next update's sweep copies again at once."""
+    with _deferred.copy_interval(8), torchmetrics_syncfree.patched():
+        _deferred.force_device_path(True)
+        try:
+            metric = MeanMetric(nan_strategy="warn")
+            metric.update(t([1.0]))  # copied at once (a new metric), then 7 quiet sweeps
+            metric.update(t([1.0]))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                metric.compute()  # an eager point: reads the counters
+                metric.update(t([NAN, 1.0]))  # its sweep copies at once: reported here
+            assert sum("Encountered `nan`" in str(w.message) for w in caught) == 1
+        finally:
+            _deferred.force_device_path(False)
+
+
+def test_copy_interval_rejects_a_non_positive_interval() -> None:
+    with pytest.raises(ValueError, match="positive"), _deferred.copy_interval(0):
+        pass

@@ -60,6 +60,12 @@ _forced = os.environ.get(DEVICE_PATH_ENV_VAR, "") not in ("", "0")
 _THIS_FILE = (os.path.abspath(__file__),)
 #: on a simulated device, the number of sweeps after which a launched copy has arrived (``None``: never)
 _simulated_delay: int | None = 0
+#: Sweeps from one host copy of a metric's counters to the next: a copy is two kernel launches (a device snapshot and
+#: its asynchronous host copy) plus an event, where the sweeps between launch nothing. A problem is reported at most
+#: this many updates (plus the copy's own delay) after it happened, or at the next ``compute()``/``reset()``; the
+#: first update of a metric, and the first after each ``compute()``/``reset()``, is copied at once.
+COPY_INTERVAL = 8
+_copy_interval = COPY_INTERVAL
 
 
 class Check:
@@ -126,6 +132,22 @@ def force_device_path(enabled: bool) -> None:
     """Take the device path (counters, reports at eager points) for CPU tensors too; for tests of the GPU path."""
     global _forced
     _forced = enabled
+
+
+@contextmanager
+def copy_interval(sweeps: int) -> Iterator[None]:
+    """Start a host copy of the counters every ``sweeps`` sweeps instead of every :data:`COPY_INTERVAL`.
+
+    ``1``: every sweep whose previous copy has arrived (as before the interval). For tests of the timing.
+    """
+    global _copy_interval
+    if sweeps < 1:
+        raise ValueError(f"Expected a positive number of sweeps, got {sweeps}")
+    previous, _copy_interval = _copy_interval, sweeps
+    try:
+        yield
+    finally:
+        _copy_interval = previous
 
 
 @contextmanager
@@ -461,6 +483,7 @@ class _Reader:
         self.event: Any = torch.cuda.Event() if counters.is_cuda else None
         self.in_flight = False
         self.age = 0  # sweeps since the launch (for a simulated device's copy delay)
+        self.rest = 0  # sweeps still to pass before the next launch (see ``COPY_INTERVAL``)
 
     def launch(self, counters: Tensor) -> None:
         self.snapshot.copy_(counters)
@@ -481,6 +504,7 @@ class _Reader:
     def take(self, counters: Tensor) -> list[int]:
         """The snapshot's counts (the host copy has arrived), consumed from ``counters`` in place."""
         self.in_flight = False
+        self.rest = _copy_interval - 1
         with probe.quiet():  # the host copy: reading it never synchronizes
             counts = self.host.tolist()
         if any(counts):
@@ -553,7 +577,9 @@ def sweep(metric: Any) -> None:
             reader.age += 1
         if reader.ready():
             counts = reader.take(counters)
-    if not reader.in_flight:
+    if not reader.in_flight and reader.rest > 0:
+        reader.rest -= 1  # most sweeps launch nothing (``COPY_INTERVAL``)
+    elif not reader.in_flight:
         reader.launch(counters)
         if not any(counts) and reader.ready():  # a simulated device: the copy has arrived already
             counts = reader.take(counters)
@@ -596,6 +622,7 @@ def _consume(metric: Any, counters: Tensor, counts: list[int]) -> list[int] | No
     reader = _reader(metric, counters, create=False)
     if reader is not None:
         reader.in_flight = False  # what its copy would report is read now
+        reader.rest = 0  # and the next sweep copies again: the first update after an eager point is checked soon
     if not any(counts):
         mark_zero(counters)
         return None
