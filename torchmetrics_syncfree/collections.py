@@ -31,7 +31,7 @@ import torch
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree.distributed import sync_states
+from torchmetrics_syncfree.distributed import _sync_dist, sync_states
 
 _TARGET = "torchmetrics.collections.MetricCollection._compute_and_reduce"
 
@@ -87,6 +87,10 @@ def _restore(synced: list[tuple[Any, bool]], completed: bool) -> None:
 def _compute_and_reduce(self: Any, method_name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Stock's, with the members that sync by default synced together first (see the module docstring)."""
     if method_name != "compute" or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return stock(_TARGET)(self, method_name, *args, **kwargs)
+    from torchmetrics import Metric
+
+    if Metric._sync_dist is not _sync_dist:  # not the layer's sync (tree mode: the series'): each member syncs itself
         return stock(_TARGET)(self, method_name, *args, **kwargs)
     synced = _presync(self)
     completed = False
