@@ -224,6 +224,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
     "collections": "issue 27: MetricCollection._compute_and_reduce syncs its members in one collective; the series'"
     " patch for collections.py (and the coalesced Metric._sync_dist it calls) is not written yet",
+    "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
+    " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
 }
 
 

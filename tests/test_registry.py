@@ -426,6 +426,28 @@ def _example_metrics() -> list[Any]:
         BootStrapper(MeanMetric(), num_bootstraps=2),
         RetrievalMRR(),  # the retrieval base class's __init__, update and compute
         RetrievalFallOut(),  # its own compute
+        *_fixed_point_metrics(),
+    ]
+
+
+def _fixed_point_metrics() -> list[Any]:
+    """One metric of each fixed-output curve class (area ``fixed_point_curves``; EER from torchmetrics 1.7)."""
+    import torchmetrics.classification as classification
+
+    from torchmetrics_syncfree.classification.fixed_point_curves import HAS_EER
+
+    arguments = {
+        "PrecisionAtFixedRecall": {"min_recall": 0.5},
+        "RecallAtFixedPrecision": {"min_precision": 0.5},
+        "SensitivityAtSpecificity": {"min_specificity": 0.5},
+        "SpecificityAtSensitivity": {"min_sensitivity": 0.5},
+        **({"EER": {}} if HAS_EER else {}),
+    }
+    sizes = {"Binary": {}, "Multiclass": {"num_classes": 3}, "Multilabel": {"num_labels": 3}}
+    return [
+        getattr(classification, f"{task}{name}")(**size, **kwargs)
+        for name, kwargs in arguments.items()
+        for task, size in sizes.items()
     ]
 
 

@@ -53,6 +53,12 @@ register_area(
     requires=("metric", "precision_recall_curve"),
 )
 register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
+# issue 28: PrecisionAtFixedRecall, RecallAtFixedPrecision, SensitivityAtSpecificity, SpecificityAtSensitivity, EER
+register_area(
+    "fixed_point_curves",
+    "torchmetrics_syncfree.classification.fixed_point_curves",
+    requires=("metric", "precision_recall_curve"),
+)
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
 register_area("r2", "torchmetrics_syncfree.regression.r2", requires=("metric",))
 register_area("explained_variance", "torchmetrics_syncfree.regression.explained_variance", requires=("metric",))

@@ -1,0 +1,235 @@
+"""The fixed-output curve metrics (area ``fixed_point_curves``): PrecisionAtFixedRecall, RecallAtFixedPrecision,
+SensitivityAtSpecificity, SpecificityAtSensitivity and EER (torchmetrics 1.7+), every task.
+
+forward() and compute() give stock's values, dtypes, shapes and thresholds to the bit on both patched paths, and make
+no would-be sync on the device path; stock's compute warnings reach the user as often as stock emits them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torchmetrics.classification
+from torch import Tensor
+
+import torchmetrics_syncfree
+from tests._classification_cases import PATHS, assert_identical, pending_checks
+from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree.classification.fixed_point_curves import HAS_EER
+
+NUM = 4
+#: the task wrappers and their minimum-value arguments (EER has none; it exists from torchmetrics 1.7)
+METRICS: dict[str, dict[str, float]] = {
+    "PrecisionAtFixedRecall": {"min_recall": 0.5},
+    "RecallAtFixedPrecision": {"min_precision": 0.5},
+    "SensitivityAtSpecificity": {"min_specificity": 0.5},
+    "SpecificityAtSensitivity": {"min_sensitivity": 0.5},
+    **({"EER": {}} if HAS_EER else {}),
+}
+TASKS = ("binary", "multiclass", "multilabel")
+#: unbinned; a count; an unordered list; a tensor with a repeated threshold
+THRESHOLDS: dict[str, Any] = {
+    "None": None,
+    "5": 5,
+    "list": [0.1, 0.5, 0.3, 0.9],
+    "tensor": torch.tensor([0.0, 0.2, 0.5, 0.5, 0.9]),
+}
+
+
+def _make(name: str, task: str, thresholds: Any, ignore_index: int | None = None, **kwargs: Any) -> Any:
+    size = {"multiclass": {"num_classes": NUM}, "multilabel": {"num_labels": NUM}}.get(task, {})
+    if isinstance(thresholds, Tensor):
+        thresholds = thresholds.clone()
+    kwargs = {**METRICS[name], **kwargs}
+    return getattr(torchmetrics.classification, name)(
+        task=task, thresholds=thresholds, ignore_index=ignore_index, **size, **kwargs
+    )
+
+
+def _batches(task: str, ignore_index: int | None, seed: int, n: int = 20) -> list[tuple[Tensor, Tensor]]:
+    """Probabilities, logits, ties (rounded scores), an extra dimension; multiclass: the last class never occurs."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (n,) if task == "binary" else (n, NUM)
+    out = []
+    for i in range(4):
+        extra = (2,) if i == 3 else ()
+        logits = torch.randn((*shape, *extra), generator=gen) * 2
+        if task == "multiclass":
+            preds = logits if i == 1 else logits.softmax(1)
+            target = torch.randint(0, NUM - 1, (n, *extra), generator=gen)
+        else:
+            preds = logits if i == 1 else logits.sigmoid()
+            target = torch.randint(0, 2, preds.shape, generator=gen)
+        if i == 2:
+            preds = torch.round(preds * 4) / 4
+        if ignore_index is not None:
+            target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
+        out.append((preds, target))
+    return out
+
+
+def _flat(value: Any) -> list[Tensor]:
+    return list(value) if isinstance(value, tuple) else [value]
+
+
+def _run(make: Any, data: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
+    """forward() of every batch and compute() after them, then compute() after plain update()s."""
+    metric, out = make(), []
+    for preds, target in data:
+        out += _flat(metric(preds, target))
+    out += _flat(metric.compute())
+    other = make()
+    for preds, target in data:
+        other.update(preds, target)
+    return out + _flat(other.compute())
+
+
+def _parity(cases: dict[str, tuple[Any, list[tuple[Tensor, Tensor]]]], path: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = {label: _run(make, data) for label, (make, data) in cases.items()}
+        with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+            patched = {label: _run(make, data) for label, (make, data) in cases.items()}
+    for label in cases:
+        assert_identical(stock[label], patched[label], label)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", list(METRICS))
+def test_parity_with_stock(name: str, path: str) -> None:
+    """Every task, thresholds None/int/list/tensor, with and without ``ignore_index``: stock's outputs to the bit."""
+    cases = {}
+    for task in TASKS:
+        for key, thresholds in THRESHOLDS.items():
+            for ignore_index in (None, -1):
+                label = f"{name}-{task}-thresholds={key}-ignore={ignore_index}"
+                make = lambda t=task, th=thresholds, i=ignore_index: _make(name, t, th, i)  # noqa: E731
+                cases[label] = make, _batches(task, ignore_index, seed=sum(map(ord, label)))
+    _parity(cases, path)
+
+
+#: minimum values at the edges: every point qualifies (binned 1.8+ curves have NaN precisions there), none does
+EDGES = {
+    "PrecisionAtFixedRecall": ({"min_recall": 0.0}, {"min_recall": 1.0}),
+    # (0.01: at 0, stock's ``_lexargmax`` fails with an IndexError on a NaN recall of a class without positives)
+    "RecallAtFixedPrecision": ({"min_precision": 0.01}, {"min_precision": 1.0}),
+    "SensitivityAtSpecificity": ({"min_specificity": 0.0}, {"min_specificity": 1.0}),
+    "SpecificityAtSensitivity": ({"min_sensitivity": 0.0}, {"min_sensitivity": 1.0}),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", list(EDGES))
+def test_minimum_at_the_edges_and_degenerate_targets(name: str, path: str) -> None:
+    """Minimums 0 and 1, targets all negative or all positive (binary), labels never positive/negative (multilabel):
+    stock's values and thresholds (NaN, or 1e6 before 1.8 and for the ROC-based metrics, where nothing qualifies)."""
+    cases = {}
+    for kwargs in (*EDGES[name], {}):
+        for task in TASKS:
+            for key in ("None", "5"):
+                label = f"{name}-{task}-{kwargs}-thresholds={key}"
+                data = _batches(task, None, seed=sum(map(ord, label)))[:3]
+                make = lambda t=task, th=THRESHOLDS[key], kw=kwargs: _make(name, t, th, **kw)  # noqa: E731
+                cases[label] = make, data
+                if task == "binary":
+                    cases[f"{label}-negatives"] = make, [(p, torch.zeros_like(t)) for p, t in data]
+                    cases[f"{label}-positives"] = make, [(p, torch.ones_like(t)) for p, t in data]
+                if task == "multilabel":
+                    cases[f"{label}-degenerate labels"] = (
+                        make,
+                        [
+                            (p, t.index_fill(1, torch.tensor([0]), 0).index_fill(1, torch.tensor([1]), 1))
+                            for p, t in data
+                        ],
+                    )
+    _parity(cases, path)
+
+
+def _syncs_of(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
+    counts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with SyncProbe() as probe:
+            metric(*data[0])
+        counts["forward"] = probe.count
+        metric.update(*data[1])
+        with SyncProbe() as probe:
+            metric.compute()
+        counts["compute"] = probe.count
+    return counts
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
+    """0 would-be syncs in forward and compute on the device path: every task, thresholds and ``ignore_index``."""
+    for task in TASKS:
+        for key, thresholds in THRESHOLDS.items():
+            for ignore_index in (None, -1):
+                syncs = _syncs_of(_make(name, task, thresholds, ignore_index), _batches(task, ignore_index, seed=4))
+                assert syncs == {"forward": 0, "compute": 0}, (task, key, ignore_index, syncs)
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_stock_syncs_are_seen(name: str) -> None:
+    """The probe sees stock's reads (so the test above can fail): unbinned and binned, forward and compute."""
+    for task in TASKS:
+        for thresholds in (None, 5):
+            syncs = _syncs_of(_make(name, task, thresholds), _batches(task, None, seed=4))
+            assert syncs["forward"] > 0 and syncs["compute"] > 0, (task, thresholds, syncs)
+
+
+def _warnings_of(run: Any) -> Counter[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return Counter(str(w.message) for w in caught if "compute" not in str(w.message))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", list(METRICS))
+@pytest.mark.parametrize("task", ["binary", "multiclass", "multilabel"])
+def test_compute_warnings_are_stocks_once_each(path: str, name: str, task: str) -> None:
+    """No positives / no negatives: stock's warnings, as many as stock emits; on the device path at the next eager
+    point (here ``reset()``), none twice."""
+    data = _batches(task, None, seed=11)[:2]
+    if task != "multilabel":  # binary: no positives; multiclass: every label 0 (stock's "no positives" quirk)
+        data = [(p, torch.zeros_like(t)) for p, t in data]
+    else:
+        data = [(p, t.index_fill(1, torch.tensor([0]), 0).index_fill(1, torch.tensor([1]), 1)) for p, t in data]
+    make = lambda: _make(name, task, None)  # noqa: E731
+
+    def stock_run() -> None:
+        metric = make()
+        for preds, target in data:
+            metric.update(preds, target)
+        metric.compute()
+        metric.reset()
+
+    expected = _warnings_of(stock_run)
+    assert expected, "the case must make stock warn"
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = make()
+        for preds, target in data:
+            metric.update(preds, target)
+        found = _warnings_of(metric.compute)
+        if path == "device":
+            assert not found  # compute read nothing: the warnings are pending
+            assert pending_checks(metric) == sum(expected.values())
+        found += _warnings_of(metric.reset)
+        assert pending_checks(metric) == 0
+        found += _warnings_of(metric.reset)  # nothing twice
+    assert found == expected
+
+
+def test_the_area_replaces_every_class_of_the_release() -> None:
+    """Each fixed-output class's compute is replaced, EER only where the release has it."""
+    from torchmetrics_syncfree.classification.fixed_point_curves import COMPUTES
+
+    assert len(COMPUTES) == 3 * len(METRICS)
+    with torchmetrics_syncfree.patched(areas=["fixed_point_curves"]) as targets:
+        assert set(COMPUTES) <= set(targets)
