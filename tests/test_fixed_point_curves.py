@@ -129,7 +129,7 @@ def test_minimum_at_the_edges_and_degenerate_targets(name: str, path: str) -> No
     """Minimums 0 and 1, targets all negative or all positive (binary), labels never positive/negative (multilabel):
     stock's values and thresholds (NaN, or 1e6 before 1.8 and for the ROC-based metrics, where nothing qualifies)."""
     cases = {}
-    for kwargs in (*EDGES[name], {}):
+    for kwargs in EDGES[name]:
         for task in TASKS:
             for key in ("None", "5"):
                 label = f"{name}-{task}-{kwargs}-thresholds={key}"
@@ -233,3 +233,60 @@ def test_the_area_replaces_every_class_of_the_release() -> None:
     assert len(COMPUTES) == 3 * len(METRICS)
     with torchmetrics_syncfree.patched(areas=["fixed_point_curves"]) as targets:
         assert set(COMPUTES) <= set(targets)
+
+
+def _compute_once(name: str, preds: Tensor, target: Tensor) -> Any:
+    metric = _make(name, "binary", None)
+    metric.update(preds, target)
+    return metric.compute()
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_float64_scores_give_the_documented_dtypes(name: str) -> None:
+    """Documented deviation (device path): stock's values; the rates of a class without negatives are float32 (stock:
+    the scores' dtype), and RecallAtFixedPrecision's outputs always take its stack's promoted dtype (stock: only where
+    a point qualifies)."""
+    preds = torch.rand(16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for target in (torch.arange(16) % 2, torch.ones(16, dtype=torch.long)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = _flat(_compute_once(name, preds, target))
+            with torchmetrics_syncfree.patched(), SyncProbe():
+                found = _flat(_compute_once(name, preds, target))
+        for stock_value, value in zip(expected, found):
+            torch.testing.assert_close(value.double(), stock_value.double(), rtol=0, atol=0, equal_nan=True)
+            if name == "RecallAtFixedPrecision":
+                assert value.dtype == torch.float64
+            elif stock_value.dtype != value.dtype:  # a rate of the class without negatives
+                assert (stock_value.dtype, value.dtype) == (torch.float64, torch.float32)
+
+
+def test_a_state_of_ignored_entries_only_gives_a_value_where_stock_fails() -> None:
+    """Documented deviation (device path): stock's unbinned curve of no entries fails (``IndexError``); the device path
+    returns 0 and the no-threshold value (the ROC-based metrics: the curve's origin, threshold 1; EER 0.5)."""
+    preds, target = torch.tensor([0.2, 0.7]), torch.tensor([-1, -1])
+    with pytest.raises(IndexError):
+        _make("PrecisionAtFixedRecall", "binary", None, -1)(preds, target)
+    with torchmetrics_syncfree.patched(), SyncProbe(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no positives, no negatives)
+        value, threshold = _make("PrecisionAtFixedRecall", "binary", None, -1)(preds, target)
+        _, roc_threshold = _make("SensitivityAtSpecificity", "binary", None, -1)(preds, target)
+    assert value.item() == 0 and (threshold.isnan().item() or threshold.item() == 1e6)
+    assert roc_threshold.item() == 1.0
+
+
+@pytest.mark.parametrize("name", ["PrecisionAtFixedRecall", "SpecificityAtSensitivity"])
+def test_unbinned_compute_traces_without_a_graph_break(syncfree: Any, name: str) -> None:
+    """The device path's compute is tensor work: ``torch.compile(fullgraph=True)`` traces it (a lexicographic maximum;
+    a masked ``argmax``)."""
+    from torchmetrics_syncfree.classification.fixed_point_curves import COMPUTES
+
+    metric = _make(name, "multiclass", None)
+    metric.update(*_batches("multiclass", None, seed=6)[0])
+    compute = next(fn for target, fn in COMPUTES.items() if target.endswith(f".Multiclass{name}.compute"))
+    with SyncProbe():
+        eager = compute(metric)
+    torch._dynamo.reset()
+    compiled = torch.compile(compute, fullgraph=True, backend="aot_eager")(metric)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager, equal_nan=True)  # (the class that never occurs: a NaN threshold)

@@ -31,8 +31,10 @@ stated): as AUROC's, the rates of a class without positives or negatives are flo
 float64 or half scores ``RecallAtFixedPrecision`` returns the promoted dtype of its (recall, precision, threshold)
 stack even where nothing qualifies (stock: the recall's and thresholds' own dtypes then); ``_lexargmax``'s
 ``IndexError`` for a NaN recall among the qualifying points (``min_precision <= 0`` and a class without positives)
-is not raised. ``MulticlassEER`` with ``average`` (micro/macro curves) keeps stock's compute on the list state
-without ignored entries.
+is not raised; where stock's unbinned curve has no entry (every one ignored: an ``IndexError``), the device path
+returns 0 and the no-threshold value (the ROC-based metrics: the curve's origin, threshold 1; EER 0.5). Tested in
+``tests/test_fixed_point_curves.py``. ``MulticlassEER`` with ``average`` (micro/macro curves) keeps stock's compute
+on the list state without ignored entries.
 
 """
 
