@@ -364,13 +364,17 @@ def test_float_target_holding_nan_is_no_class_on_both_paths(average: str, valida
         assert _same_outcome(cpu_path, _outcome(make, preds, target, patched=False))
 
 
+@pytest.mark.parametrize("preds_kind", ["labels", "scores"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("average", ["micro", "macro"])
-def test_labels_too_large_for_the_confusion_index_raise_on_both_paths(path: str, average: str) -> None:
+def test_labels_too_large_for_the_confusion_index_raise_on_both_paths(path: str, average: str, preds_kind: str) -> None:
     """Deviation: stock validates no label range; with 4 classes a target of 2**62 wraps ``target * 4 + preds`` to
     class 0 in its confusion index (macro: 0.25) or counts as a miss (micro). Both patched paths reject it, like every
-    other label outside the classes (docs/classification.md)."""
+    other label outside the classes (docs/classification.md), for label preds and for scores (the device path's
+    lean counting: the target is clamped before it is multiplied)."""
     preds, target = torch.tensor([0, 1]), torch.tensor([0, 2**62])
+    if preds_kind == "scores":
+        preds = torch.nn.functional.one_hot(preds, 4).float()
 
     def make() -> Any:
         return torchmetrics.classification.MulticlassAccuracy(4, average=average)

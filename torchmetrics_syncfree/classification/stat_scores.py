@@ -517,7 +517,8 @@ def _confusion_bins(
     width = num_classes + 1 if ignored_pred_column else num_classes
     cells = num_classes * width
     if labels_checked and ignore_index is None:
-        bins, counted = _checked_bincount(preds.add(target, alpha=width), cells, preds, target, num_classes), None
+        index = preds.add(_clamped_to_sinks(target, num_classes), alpha=width)
+        bins, counted = _checked_bincount(index, cells, preds, target, num_classes), None
     else:
         if labels_checked:
             dropped = target == ignore_index
@@ -560,6 +561,15 @@ def _unit_weights(index: Tensor) -> Tensor:
     return _cached(device, "unit", lambda: torch.ones(1, dtype=torch.long, device=device)).expand(index.shape)
 
 
+def _clamped_to_sinks(target: Tensor, num_classes: int) -> Tensor:
+    """``target`` with every label below the classes made -1 and every one above made ``num_classes``.
+
+    ``target * C + pred`` must leave the cells ``[0, C**2)`` exactly for a target that is no class; a huge int64
+    target would wrap around instead (``4 * 2**62 == 0`` in int64) and count as class 0.
+    """
+    return target.clamp(-1, num_classes)
+
+
 def _into_sink(index: Tensor, cells: int) -> Tensor:
     """``index`` (a new tensor: written in place) with every value outside ``[0, cells)`` made ``cells``, the sink."""
     return index.clamp_(-1, cells).remainder_(cells + 1)
@@ -569,6 +579,16 @@ def _scatter_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
     """Counts of ``index`` (int64, all in ``[0, size)``) in ``size`` cells, weighted (``None``: unit weights)."""
     weights = _unit_weights(index) if weights is None else weights
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, weights)
+
+
+def _put_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
+    """:func:`_scatter_counts` for ``index`` in ``[-1, size)``: -1 counts in the last cell (``put_`` wraps it).
+
+    One kernel on CUDA (an atomic add per entry, as ``scatter_add_``); not taken in deterministic mode, where
+    ``put_`` sorts (the callers count with upstream's mesh there).
+    """
+    weights = _unit_weights(index) if weights is None else weights
+    return torch.zeros(size, dtype=torch.long, device=index.device).put_(index, weights, accumulate=True)
 
 
 def _checked_sink(metric: Any | None, invalid: Tensor, integer: bool = False) -> Tensor | None:
@@ -603,18 +623,20 @@ def _lean_confusion(
 ) -> tuple[Tensor, Tensor | None]:
     """The ``(C, C)`` confusion matrix of scores ``preds`` (N, C, ...) on the device path, validation folded in.
 
-    One ``scatter_add_`` counts ``target * C + argmax(preds)`` into ``C**2 + 1`` cells: a target that is no class
-    (below 0 or ``C`` and up) gives an index outside ``[0, C**2)``, which ``clamp_``/``remainder_`` send to the last
-    cell; ignored entries weigh 0. With ``metric`` (``validate_args``), the last cell is the number of invalid entries:
-    it feeds the metric's check counter, and the returned ``keep`` (``sink == 0`` as 1 or 0, else ``None``) leaves the whole
-    batch out, as the stock validation's error would. Nine launches for the confusion matrix's update (stock: five,
-    without a range check), where a compare/any/where chain took twenty.
+    One ``put_`` counts ``target * C + argmax(preds)`` into ``C**2 + 1`` cells: a target that is no class (below 0 or
+    ``C`` and up, clamped first so that the product cannot wrap) gives an index outside ``[0, C**2)``, which
+    ``clamp_`` makes -1 or ``C**2``, both the last cell; ignored entries weigh 0. With ``metric``
+    (``validate_args``), the last cell is the number of invalid entries: it feeds the metric's check counter, and the
+    returned ``keep`` (``sink == 0`` as 1 or 0, else ``None``) leaves the whole batch out, as the stock validation's
+    error would. Nine launches for the confusion matrix's update (stock: five, without a range check), where a
+    compare/any/where chain took twenty.
     """
     cells = num_classes * num_classes
     labels, target = _flat_long(preds.argmax(dim=1)), _flat_long(target)
-    index = _into_sink(labels.add(target, alpha=num_classes), cells)
+    # in [-1, C**2]: the clamped target keeps the product from wrapping, and both ends are the sink (``put_`` wraps -1)
+    index = labels.add(_clamped_to_sinks(target, num_classes), alpha=num_classes).clamp_(-1, cells)
     weights = None if ignore_index is None else (target != ignore_index).long()
-    bins = _scatter_counts(index, cells + 1, weights)
+    bins = _put_counts(index, cells + 1, weights)
     return bins[:cells].view(num_classes, num_classes), _checked_sink(metric, bins[cells], integer=True)
 
 
