@@ -165,3 +165,29 @@ def parity(
     for label in cases:
         expected = stock[label] if documented is None else [documented(value) for value in stock[label]]
         assert_identical(expected, patched[label], label, rtol=0.0 if rtol is None else rtol(label))
+
+
+def curve_batches(
+    task: str, ignore_index: int | None, seed: int, n: int, num_classes: int
+) -> list[tuple[Tensor, Tensor]]:
+    """Four float32 score batches for the curve metrics: probabilities, logits, ties (rounded scores), an extra
+    dimension; multiclass: the last class never occurs (a NaN AveragePrecision in stock); with ``ignore_index`` a
+    quarter of the targets ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (n,) if task == "binary" else (n, num_classes)
+    out = []
+    for i in range(4):
+        extra = (2,) if i == 3 else ()
+        logits = torch.randn((*shape, *extra), generator=gen) * 2
+        if task == "multiclass":
+            preds = logits if i == 1 else logits.softmax(1)
+            target = torch.randint(0, num_classes - 1, (n, *extra), generator=gen)
+        else:
+            preds = logits if i == 1 else logits.sigmoid()
+            target = torch.randint(0, 2, preds.shape, generator=gen)
+        if i == 2:
+            preds = torch.round(preds * 4) / 4
+        if ignore_index is not None:
+            target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
+        out.append((preds, target))
+    return out

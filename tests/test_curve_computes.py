@@ -19,7 +19,7 @@ import torchmetrics
 from torch import Tensor
 
 import torchmetrics_syncfree
-from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
+from tests._classification_cases import NUM_CLASSES, PATHS, Case, curve_batches, parity, pending_checks
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.classification import precision_recall_curve
 
@@ -45,26 +45,7 @@ def _make(name: str, task: str, thresholds: Any, ignore_index: int | None, avera
 
 
 def _batches(task: str, ignore_index: int | None, seed: int, n: int = 24) -> list[tuple[Tensor, Tensor]]:
-    """float32 scores: probabilities, logits, ties (rounded scores), an extra dimension; multiclass: the last class
-    never occurs (a NaN AveragePrecision in stock); with ``ignore_index`` a quarter of the targets ignored."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = {"binary": (n,), "multiclass": (n, NUM_CLASSES), "multilabel": (n, NUM_CLASSES)}[task]
-    out = []
-    for i in range(4):
-        extra = (2,) if i == 3 else ()
-        logits = torch.randn((*shape, *extra), generator=gen) * 2
-        if task == "multiclass":
-            preds = logits if i == 1 else logits.softmax(1)
-            target = torch.randint(0, NUM_CLASSES - 1, (n, *extra), generator=gen)
-        else:
-            preds = logits if i == 1 else logits.sigmoid()
-            target = torch.randint(0, 2, preds.shape, generator=gen)
-        if i == 2:
-            preds = torch.round(preds * 4) / 4
-        if ignore_index is not None:
-            target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
-        out.append((preds, target))
-    return out
+    return curve_batches(task, ignore_index, seed, n, NUM_CLASSES)
 
 
 def _cases(name: str, **kwargs: Any) -> dict[str, Case]:

@@ -18,7 +18,7 @@ import torchmetrics.classification
 from torch import Tensor
 
 import torchmetrics_syncfree
-from tests._classification_cases import PATHS, assert_identical, pending_checks
+from tests._classification_cases import PATHS, assert_identical, curve_batches, pending_checks
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.classification.fixed_point_curves import HAS_EER
 
@@ -52,25 +52,7 @@ def _make(name: str, task: str, thresholds: Any, ignore_index: int | None = None
 
 
 def _batches(task: str, ignore_index: int | None, seed: int, n: int = 20) -> list[tuple[Tensor, Tensor]]:
-    """Probabilities, logits, ties (rounded scores), an extra dimension; multiclass: the last class never occurs."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = (n,) if task == "binary" else (n, NUM)
-    out = []
-    for i in range(4):
-        extra = (2,) if i == 3 else ()
-        logits = torch.randn((*shape, *extra), generator=gen) * 2
-        if task == "multiclass":
-            preds = logits if i == 1 else logits.softmax(1)
-            target = torch.randint(0, NUM - 1, (n, *extra), generator=gen)
-        else:
-            preds = logits if i == 1 else logits.sigmoid()
-            target = torch.randint(0, 2, preds.shape, generator=gen)
-        if i == 2:
-            preds = torch.round(preds * 4) / 4
-        if ignore_index is not None:
-            target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
-        out.append((preds, target))
-    return out
+    return curve_batches(task, ignore_index, seed, n, NUM)
 
 
 def _flat(value: Any) -> list[Tensor]:
