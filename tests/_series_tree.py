@@ -207,6 +207,29 @@ def _simulate_device(deferred: ModuleType) -> None:
             layer.mark_zero(counters)
         return counts
 
+    def waiting_take_pending_many(metrics: Any) -> Any:  # as ``waiting_take_pending``: one wait per device read
+        read = {
+            counters.device
+            for counters, metric in ((m.__dict__.get(deferred.STATE), m) for m in metrics)
+            if counters is not None
+            and deferred.kinds_of(metric)
+            and not deferred._quiet_time(metric)
+            and not layer._surely_zero(counters)
+        }
+        with probe.quiet():
+            taken = take_pending_many(metrics)
+        if probe.simulating_device():
+            for _ in read:
+                probe.report(probe.HOST_WAIT, "Tensor.tolist")
+        for metric in metrics:
+            counters = metric.__dict__.get(deferred.STATE)
+            if counters is not None and not deferred._quiet_time(metric):
+                layer.mark_zero(counters)
+        return taken
+
+    take_pending_many = getattr(deferred, "take_pending_many", None)
+    if take_pending_many is not None:
+        deferred.take_pending_many = waiting_take_pending_many
     deferred.reads_are_free, deferred.sweep, deferred.take_pending, deferred.add_checks = (
         simulated_reads_are_free,
         aging_sweep,
@@ -222,8 +245,6 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     "wrapper_checks": "issue 28: Running's update/forward/compute and the MinMaxMetric/BootStrapper forwards hold the"
     " wrapped metrics (internal resets keep their pending checks); the series' deferred-checks patch needs a"
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
-    "collections": "issue 27: MetricCollection._compute_and_reduce syncs its members in one collective; the series'"
-    " patch for collections.py (and the coalesced Metric._sync_dist it calls) is not written yet",
     "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
     " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
 }

@@ -27,7 +27,7 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.aggregation import CatMetric, MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassPrecision, MulticlassRecall
 
-from tests import _ddp_world
+from tests import _ddp_world, _series_tree
 
 pytestmark = pytest.mark.ddp
 
@@ -334,7 +334,8 @@ def _cuda_only(rank: int, world_size: int) -> dict[str, Any]:
 
     gloo_all = dist.new_group(backend="gloo")
     out = _run_cases(rank, None, gloo_all)
-    fallback = sfd.fallback_group()
+    tree = _series_tree.series_module("torchmetrics.utilities.distributed")  # tree mode: the series' fallback
+    fallback = sfd.fallback_group() if tree is None else tree._gloo_fallback_group(None)
     out["fallback_groups_only"] = all(
         group == id(fallback)
         for key, res in out.items()

@@ -238,9 +238,11 @@ DESELECTED_TESTS = (
 )
 #: source path -> the project's suites (or test ids) that run against the patched tree (stock = the unpatched
 #: snapshot). ``tests/test_distributed.py`` checks the layer's own helpers (mode setter, fake groups) except for the
-#: one test given here; ``tests/test_ddp_fallback.py`` spawns ranks that install tree mode themselves.
+#: one test given here; ``tests/test_ddp_fallback.py`` and ``tests/test_ddp_coalesced.py`` (the one-collective sync
+#: of a metric and of a ``MetricCollection``) spawn ranks that install tree mode themselves.
 DDP_PROJECT_TESTS = (
     "tests/test_ddp_fallback.py",
+    "tests/test_ddp_coalesced.py",
     "tests/test_distributed.py::test_empty_list_state_of_compute_on_cpu_metric_is_gathered_on_cpu",
 )
 #: test_strided_parity.py runs every catalogue configuration (all areas the tree patches) with strided views and four
@@ -285,6 +287,7 @@ PROJECT_TESTS_FOR_SOURCE = {
     + CLASSIFICATION_PROJECT_TESTS
     + DEFERRED_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
+    "src/torchmetrics/collections.py": DDP_PROJECT_TESTS,
     # the helpers of the in-place state updates (and their case of states made under inference mode)
     "src/torchmetrics/utilities/states.py": ("tests/test_lifecycle_modes.py", *AGGREGATION_PROJECT_TESTS),
     "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS + FULL_STATE_FORWARD_PROJECT_TESTS,
