@@ -404,7 +404,8 @@ def _copies_per_sweep(updates: int, delay: int | None, batches: Any) -> tuple[in
     """
     launched = 0
     reported: list[int] = []
-    reader_class = _deferred._Reader
+    # in tree mode the series' sweep launches its own reader's copies
+    reader_class = (_series_tree.series_module("torchmetrics.utilities.deferred") or _deferred)._Reader
     launch = reader_class.launch
 
     def counting_launch(self: Any, counters: Any) -> None:
