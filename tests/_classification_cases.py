@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -191,3 +192,18 @@ def curve_batches(
             target = target.masked_fill(torch.rand(target.shape, generator=gen) < 0.25, ignore_index)
         out.append((preds, target))
     return out
+
+
+def forward_and_compute_syncs(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
+    """Would-be syncs of a ``forward`` of the first batch and of a ``compute`` after an update with the second."""
+    counts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with SyncProbe() as probe:
+            metric(*data[0])
+        counts["forward"] = probe.count
+        metric.update(*data[1])
+        with SyncProbe() as probe:
+            metric.compute()
+        counts["compute"] = probe.count
+    return counts

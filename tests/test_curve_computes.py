@@ -19,7 +19,15 @@ import torchmetrics
 from torch import Tensor
 
 import torchmetrics_syncfree
-from tests._classification_cases import NUM_CLASSES, PATHS, Case, curve_batches, parity, pending_checks
+from tests._classification_cases import (
+    NUM_CLASSES,
+    PATHS,
+    Case,
+    curve_batches,
+    forward_and_compute_syncs,
+    parity,
+    pending_checks,
+)
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.classification import precision_recall_curve
 
@@ -105,20 +113,6 @@ def test_partial_auc_of_a_binned_curve_that_starts_past_max_fpr(path: str) -> No
     parity(cases, path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
 
 
-def _syncs_of(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
-    counts = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with SyncProbe() as probe:
-            metric(*data[0])
-        counts["forward"] = probe.count
-        metric.update(*data[1])
-        with SyncProbe() as probe:
-            metric.compute()
-        counts["compute"] = probe.count
-    return counts
-
-
 @pytest.mark.parametrize("task", list(AVERAGES))
 @pytest.mark.parametrize("key", list(THRESHOLDS))
 def test_forward_and_compute_are_sync_free(syncfree: Any, task: str, key: str) -> None:
@@ -129,7 +123,7 @@ def test_forward_and_compute_are_sync_free(syncfree: Any, task: str, key: str) -
                 extra = [{}, {"max_fpr": 0.4}] if (name, task) == ("AUROC", "binary") else [{}]
                 for kwargs in extra:
                     metric = _make(name, task, THRESHOLDS[key], ignore_index, average, **kwargs)
-                    syncs = _syncs_of(metric, _batches(task, ignore_index, seed=4))
+                    syncs = forward_and_compute_syncs(metric, _batches(task, ignore_index, seed=4))
                     assert syncs == {"forward": 0, "compute": 0}, (name, average, ignore_index, kwargs, syncs)
 
 
@@ -138,7 +132,7 @@ def test_stock_compute_syncs_are_seen(task: str) -> None:
     """The probe sees stock's reads: without the patch these computes do sync (so the test above can fail)."""
     average = "macro" if task != "binary" else None
     metric = _make("AveragePrecision", task, None, None, average)
-    assert _syncs_of(metric, _batches(task, None, seed=4))["compute"] > 0
+    assert forward_and_compute_syncs(metric, _batches(task, None, seed=4))["compute"] > 0
 
 
 def _warnings_of(run: Any) -> Counter[str]:
@@ -398,12 +392,12 @@ def test_logauc_parity_with_stock(path: str, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_logauc_forward_and_compute_are_sync_free(syncfree: Any) -> None:
     for label, (make, data) in _logauc_cases().items():
-        assert _syncs_of(make(), data) == {"forward": 0, "compute": 0}, label
+        assert forward_and_compute_syncs(make(), data) == {"forward": 0, "compute": 0}, label
 
 
 def test_logauc_stock_syncs_are_seen() -> None:
     metric = _make("LogAUC", "multiclass", None, None, "macro")
-    assert _syncs_of(metric, _batches("multiclass", None, seed=4))["compute"] > 0
+    assert forward_and_compute_syncs(metric, _batches("multiclass", None, seed=4))["compute"] > 0
 
 
 @pytest.mark.parametrize("path", PATHS)

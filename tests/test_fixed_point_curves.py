@@ -18,7 +18,13 @@ import torchmetrics.classification
 from torch import Tensor
 
 import torchmetrics_syncfree
-from tests._classification_cases import PATHS, assert_identical, curve_batches, pending_checks
+from tests._classification_cases import (
+    PATHS,
+    assert_identical,
+    curve_batches,
+    forward_and_compute_syncs,
+    pending_checks,
+)
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.classification.fixed_point_curves import HAS_EER
 
@@ -132,27 +138,15 @@ def test_minimum_at_the_edges_and_degenerate_targets(name: str, path: str) -> No
     _parity(cases, path)
 
 
-def _syncs_of(metric: Any, data: list[tuple[Tensor, Tensor]]) -> dict[str, int]:
-    counts = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with SyncProbe() as probe:
-            metric(*data[0])
-        counts["forward"] = probe.count
-        metric.update(*data[1])
-        with SyncProbe() as probe:
-            metric.compute()
-        counts["compute"] = probe.count
-    return counts
-
-
 @pytest.mark.parametrize("name", list(METRICS))
 def test_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
     """0 would-be syncs in forward and compute on the device path: every task, thresholds and ``ignore_index``."""
     for task in TASKS:
         for key, thresholds in THRESHOLDS.items():
             for ignore_index in (None, -1):
-                syncs = _syncs_of(_make(name, task, thresholds, ignore_index), _batches(task, ignore_index, seed=4))
+                syncs = forward_and_compute_syncs(
+                    _make(name, task, thresholds, ignore_index), _batches(task, ignore_index, seed=4)
+                )
                 assert syncs == {"forward": 0, "compute": 0}, (task, key, ignore_index, syncs)
 
 
@@ -161,7 +155,7 @@ def test_stock_syncs_are_seen(name: str) -> None:
     """The probe sees stock's reads (so the test above can fail): unbinned and binned, forward and compute."""
     for task in TASKS:
         for thresholds in (None, 5):
-            syncs = _syncs_of(_make(name, task, thresholds), _batches(task, None, seed=4))
+            syncs = forward_and_compute_syncs(_make(name, task, thresholds), _batches(task, None, seed=4))
             assert syncs["forward"] > 0 and syncs["compute"] > 0, (task, thresholds, syncs)
 
 

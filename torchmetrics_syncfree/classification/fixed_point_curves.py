@@ -184,6 +184,20 @@ def _first(values: Tensor, index: Tensor) -> Tensor:
     return values.expand(*index.shape[:-1], values.shape[-1]).gather(-1, index).squeeze(-1)
 
 
+def _qualifying(condition: Tensor, valid: Tensor | None) -> Tensor:
+    """The points that meet ``condition`` and are not ignored entries' (``valid``: ``None`` where none is)."""
+    return condition if valid is None else condition & valid
+
+
+def _zero_where_none_qualifies(found: Tensor, best: Tensor, best_threshold: Tensor) -> tuple[Tensor, Tensor]:
+    """Stock's fallback of the fixed-recall/precision metrics: 0 where no point qualifies.
+
+    Wherever the best value is 0 the threshold is stock's no-value threshold.
+    """
+    best = torch.where(found, best, torch.zeros_like(best))
+    return best, torch.where(best == 0, torch.full_like(best_threshold, _NO_THRESHOLD), best_threshold)
+
+
 def _precision_at_recall(
     precision: Tensor, recall: Tensor, thresholds: Tensor, valid: Tensor | None, min_recall: float
 ) -> tuple[Tensor, Tensor]:
@@ -193,18 +207,14 @@ def _precision_at_recall(
     NaN precision above every score) and skips any later one: so does this.
     """
     thresholds = thresholds.expand_as(precision)
-    mask = recall >= min_recall
-    if valid is not None:
-        mask = mask & valid
+    mask = _qualifying(recall >= min_recall, valid)
     found = mask.any(-1)
     first = mask.int().argmax(-1, keepdim=True)
     first_nan = found & _first(precision, first).isnan()
     best_p, _, best_t = _lexmax((precision, recall, thresholds), mask & ~precision.isnan())
     best_p = torch.where(first_nan, _first(precision, first), best_p)
     best_t = torch.where(first_nan, _first(thresholds, first), best_t)
-    best_p = torch.where(found, best_p, torch.zeros_like(best_p))
-    best_t = torch.where(best_p == 0, torch.full_like(best_t, _NO_THRESHOLD), best_t)
-    return best_p, best_t
+    return _zero_where_none_qualifies(found, best_p, best_t)
 
 
 def _recall_at_precision(
@@ -217,14 +227,10 @@ def _recall_at_precision(
     dtype = torch.promote_types(torch.promote_types(recall.dtype, precision.dtype), thresholds.dtype)
     precision, recall = precision.to(dtype), recall.to(dtype)
     thresholds = thresholds.to(dtype).expand_as(precision)
-    mask = precision >= min_precision
-    if valid is not None:
-        mask = mask & valid
+    mask = _qualifying(precision >= min_precision, valid)
     found = mask.any(-1)
     best_r, _, best_t = _lexmax((recall, precision, thresholds), mask)
-    best_r = torch.where(found, best_r, torch.zeros_like(best_r))
-    best_t = torch.where(best_r == 0, torch.full_like(best_t, _NO_THRESHOLD), best_t)
-    return best_r, best_t
+    return _zero_where_none_qualifies(found, best_r, best_t)
 
 
 def _best_where_at_least(
@@ -236,9 +242,7 @@ def _best_where_at_least(
     filtered curve) and its threshold; 0 and ``1e6`` where no point qualifies.
     """
     thresholds = thresholds.expand_as(value)
-    mask = other >= minimum
-    if valid is not None:
-        mask = mask & valid
+    mask = _qualifying(other >= minimum, valid)
     found = mask.any(-1)
     index = torch.where(mask, value, -torch.inf).argmax(-1, keepdim=True)
     best, best_t = _first(value, index), _first(thresholds, index)
