@@ -117,6 +117,7 @@ class _Count:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.sizes: list[int] = []  # bytes sent by each all_gather
 
     @contextmanager
     def active(self) -> Iterator[_Count]:
@@ -125,6 +126,8 @@ class _Count:
         def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             def counted(*args: Any, **kwargs: Any) -> Any:
                 self.calls.append((name, kwargs.get("group")))
+                if name == "all_gather" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+                    self.sizes.append(args[1].numel() * args[1].element_size())
                 return fn(*args, **kwargs)
 
             return counted
@@ -398,3 +401,172 @@ def _check(results: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_one_collective(tmp_path: Path, world_size: int) -> None:
     _check(_ddp_world.run_world(SCENARIOS, world_size, tmp_path))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# forward() with dist_sync_on_step, and compute groups that differ between ranks (2 ranks, gloo)
+
+FORWARD_STEPS = 3
+
+
+class _FullState(_Fixed):
+    """Fixed-shape states, ``full_state_update=True`` (stock's forward updates twice)."""
+
+    full_state_update = True
+
+
+def _on_step_cases(group: Any) -> dict[str, Callable[[], MetricCollection]]:
+    on_step = {"dist_sync_on_step": True, "process_group": group}
+    classes = {"num_classes": NUM_CLASSES, "average": "macro", **on_step}
+
+    def fixed() -> MetricCollection:
+        return MetricCollection(
+            {
+                "acc": MulticlassAccuracy(**classes),
+                "f1": MulticlassF1Score(**classes),
+                "mean": MeanMetric(**on_step),
+                "full": _FullState(**on_step),
+                "plain": SumMetric(process_group=group),  # no sync on step
+            },
+            compute_groups=True,
+        )
+
+    def lists() -> MetricCollection:
+        return MetricCollection(
+            {"cat": CatMetric(**on_step), "mean": MeanMetric(**on_step), "fixed": _Fixed(**on_step)},
+            compute_groups=False,
+        )
+
+    return {"fixed": fixed, "lists": lists}
+
+
+def _on_step_inputs(rank: int, step: int) -> dict[str, torch.Tensor]:
+    d = _data(rank, step)
+    return {"preds": d["preds"], "target": d["target"], "value": d["x"], "x": d["x"]}
+
+
+def _forward_steps(make: Callable[[], MetricCollection], rank: int, device_path: bool) -> dict[str, Any]:
+    """An ``update`` (forms the compute groups), then forward steps counted; the members' states after each."""
+    from torchmetrics_syncfree import SyncProbe, _deferred
+
+    _deferred.force_device_path(device_path)
+    try:
+        collection = make()
+        collection.update(**_on_step_inputs(rank, 9))
+        out: dict[str, Any] = {"values": [], "states": [], "collectives": [], "reads": [], "unsynced": True}
+        for step in range(FORWARD_STEPS):
+            count = _Count()
+            with count.active(), SyncProbe() as probe:
+                out["values"].append(collection(**_on_step_inputs(rank, step)))
+            out["collectives"].append([name for name, _ in count.calls])
+            out["reads"].append(probe.counts().get("device-to-host read", 0))
+            out["states"].append({name: _states(m) for name, m in _members(collection)})
+            members = _members(collection)
+            out["unsynced"] &= all(not m._is_synced and m._to_sync == m.sync_on_compute for _, m in members)
+        out["compute"] = collection.compute()
+        return out
+    finally:
+        _deferred.force_device_path(False)
+
+
+def _rank_groups(rank: int, group: Any, user_groups: bool, copy_on_rank0: bool) -> dict[str, Any]:
+    """Two binary accuracies; automatic groups differ between ranks: rank 0's first batch has no score in [0.5, 0.7)."""
+    from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
+
+    collection = MetricCollection(
+        {
+            "lo": BinaryAccuracy(threshold=0.5, process_group=group),
+            "hi": BinaryAccuracy(threshold=0.7, process_group=group),
+            "f1": BinaryF1Score(threshold=0.5, process_group=group),
+        },
+        compute_groups=[["lo", "f1"]] if user_groups else True,
+    )
+    first = torch.tensor([0.1, 0.9, 0.2, 0.8]) if rank == 0 else torch.tensor([0.6, 0.9, 0.2, 0.65])
+    collection.update(first, torch.tensor([0, 1, 1, 0]))
+    collection.update(torch.tensor([0.55, 0.3, 0.75, 0.62]), torch.tensor([1, 0, 1, 1]))
+    if copy_on_rank0 and rank == 0:
+        _ = collection["lo"]  # copies the group's states, on this rank only
+    count = _Count()
+    with count.active():
+        value = collection.compute()
+    groups = {i: list(g) for i, g in collection.compute_groups.items()}
+    return {"value": value, "groups": groups, "collectives": [n for n, _ in count.calls], "bytes": sum(count.sizes)}
+
+
+def _on_step(rank: int, world_size: int) -> dict[str, Any]:
+    import torchmetrics_syncfree
+
+    out: dict[str, Any] = {}
+    torchmetrics_syncfree.unpatch_all()
+    for name, make in _on_step_cases(None).items():
+        out[f"stock/{name}"] = _forward_steps(make, rank, device_path=False)
+    for user in (False, True):
+        out[f"stock/groups/{user}"] = _rank_groups(rank, None, user, copy_on_rank0=user)
+    torchmetrics_syncfree.patch_all()
+    try:
+        for path in ("cpu", "device"):
+            for name, make in _on_step_cases(None).items():
+                out[f"{path}/{name}"] = _forward_steps(make, rank, device_path=path == "device")
+        for user in (False, True):
+            out[f"patched/groups/{user}"] = _rank_groups(rank, None, user, copy_on_rank0=user)
+        out["patched/groups/none"] = _rank_groups(rank, None, False, copy_on_rank0=False)
+        out.update(_forward_error(rank))
+    finally:
+        torchmetrics_syncfree.unpatch_all()
+    return out
+
+
+def _forward_error(rank: int) -> dict[str, Any]:
+    """A member's batch compute fails on rank 0: no rank waits, every member unsynced with its accumulated state."""
+    on_step = {"dist_sync_on_step": True}
+    failing = MetricCollection(
+        {"first": _Fixed(**on_step), "fails": _FailsOnRankZero(**on_step), "last": _Fixed(**on_step)},
+        compute_groups=False,
+    )
+    x = torch.arange(3.0) + rank
+    out: dict[str, Any] = {}
+    try:
+        failing(x)
+        out["forward_error"] = None
+    except RuntimeError as err:
+        out["forward_error"] = str(err)
+    out["forward_error_unsynced"] = all(not m._is_synced for _, m in _members(failing))
+    out["forward_error_states"] = {name: _states(m) for name, m in _members(failing)}
+    out["forward_error_again"] = failing["first"].compute()  # every rank syncs again: nobody was left waiting
+    return out
+
+
+def _check_on_step(per_rank: list[dict[str, Any]]) -> None:
+    world = len(per_rank)
+    for rank, res in enumerate(per_rank):
+        for name in ("fixed", "lists"):
+            stock = res[f"stock/{name}"]
+            for path in ("cpu", "device"):
+                got, where = res[f"{path}/{name}"], f"rank {rank} {path} {name}"
+                assert _equal(got["values"], stock["values"]), where
+                assert _equal(got["states"], stock["states"]), where  # accumulated as stock, step by step
+                assert _equal(got["compute"], stock["compute"]), where
+                assert got["unsynced"], where
+                # one gather per forward step for all members (two with list states), none of stock's barriers
+                assert got["collectives"] == [["all_gather"] * (2 if name == "lists" else 1)] * FORWARD_STEPS, where
+                assert got["reads"] == [1 if name == "lists" else 0] * FORWARD_STEPS, where  # lists: the sizes
+            assert all(len(c) > 4 for c in stock["collectives"]) and all(r > 0 for r in stock["reads"])
+        # automatic groups differ between ranks: stock's values, one gather, no hang; listed groups gathered once
+        auto, listed = res["patched/groups/False"], res["patched/groups/True"]
+        assert _equal(auto["value"], res["stock/groups/False"]["value"])
+        assert _equal(listed["value"], res["stock/groups/True"]["value"])
+        assert auto["collectives"] == listed["collectives"] == ["all_gather"]
+        assert listed["bytes"] < auto["bytes"] == res["patched/groups/none"]["bytes"]
+        # a member failing on one rank in forward
+        assert res["forward_error"] == ("compute failed on rank 0" if rank == 0 else None)
+        assert res["forward_error_unsynced"]
+        for member, states in res["forward_error_states"].items():
+            assert states["total"].tolist() == [(torch.arange(3.0) + rank).sum().item()] * 3, member
+        assert isinstance(res["forward_error_again"], torch.Tensor)
+    assert per_rank[0]["stock/groups/False"]["groups"] != per_rank[1]["stock/groups/False"]["groups"]
+    assert world == 2
+
+
+def test_forward_on_step_and_rank_dependent_groups(tmp_path: Path) -> None:
+    """``forward`` with ``dist_sync_on_step``: one gather per step; automatic compute groups that differ by rank."""
+    _check_on_step([res["_on_step@gloo"] for res in _ddp_world.run_world([("gloo", _on_step)], 2, tmp_path)])

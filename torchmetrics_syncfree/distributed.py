@@ -315,26 +315,39 @@ class _State:
         self.stacked: Tensor | None = None  # fixed states: the gathered values, stacked
 
 
-def _plan(metric: Any, states: dict[int, _State]) -> list[tuple[str, Any, _State]] | None:
-    """``metric``'s states as ``(attr, reduction, state)``, sharing ``states`` (by identity); ``None``: not coalescible.
+def _plan(metric: Any, leader: Any | None = None) -> list[tuple[str, Any, _State]] | None:
+    """``metric``'s states as ``(attr, reduction, state)``; ``None``: not coalescible.
 
     Decided on the host from the states and their declarations (``metric._defaults``), never from device values:
     a tensor state is fixed when its shape and dtype are its default's (then they are every rank's); a list state of
     a ``cat`` reduction and any other tensor state are variable (their sizes are exchanged). Anything else (a list
     with another reduction, non-tensor values, sparse tensors) keeps stock's per-state gather.
+
+    ``leader``: ``(leader metric, its plan)`` when ``metric`` is declared to hold the leader's states (a compute group
+    the user listed): a state declared alike (same name, reduction and default) takes the leader's, gathered once.
+    Never decided by tensor identity: which states are shared objects differs between ranks (automatic compute
+    groups are formed from each rank's first batch, ``copy_state`` copies them on the rank that asks).
     """
+    shared = {} if leader is None else {attr: state for attr, _, state in leader[1]}
     plan = []
     for attr, reduction in metric._reductions.items():
-        value = getattr(metric, attr)
-        state = states.get(id(value))
+        state = shared.get(attr) if leader is not None and _declared_alike(metric, leader[0], attr) else None
         if state is None:
-            state = _new_state(metric, attr, reduction, value)
+            state = _new_state(metric, attr, reduction, getattr(metric, attr))
             if state is None:
                 return None
         plan.append((attr, reduction, state))
-    for (_, _, state), attr in zip(plan, metric._reductions):
-        states[id(getattr(metric, attr))] = state
     return plan
+
+
+def _declared_alike(metric: Any, other: Any, attr: str) -> bool:
+    """Whether ``attr`` is declared alike in both metrics (reduction and default): a host check of declarations."""
+    if attr not in other._reductions or other._reductions[attr] is not metric._reductions[attr]:
+        return False
+    mine, theirs = metric._defaults.get(attr), other._defaults.get(attr)
+    if isinstance(mine, Tensor) and isinstance(theirs, Tensor):
+        return mine.shape == theirs.shape and mine.dtype == theirs.dtype
+    return isinstance(mine, list) and isinstance(theirs, list)
 
 
 def _new_state(metric: Any, attr: str, reduction: Any, value: Any) -> _State | None:
@@ -487,27 +500,35 @@ def _reduced(state: _State, reduction: Any, first_use: bool, rank: int) -> Any:
     return reduction(gathered) if reduction is not None else gathered
 
 
-def sync_states(metrics: list[Any], group: Any | None) -> bool:
+def sync_states(metrics: list[Any], group: Any | None, leaders: list[int | None] | None = None) -> bool:
     """Sync the states of ``metrics`` (all on ``group``) in one ``all_gather`` per device (two with list states).
 
     Fixed-shape states of every metric are packed, as bytes, into one buffer per device, gathered once and reduced
-    locally by each state's own reduction, exactly as stock reduces them (the same stacked tensors, bit for bit);
-    states shared by several metrics (compute groups) are gathered once. No shape exchange and no host read for
-    them; variable-size states add their sizes to that gather (one read) and their data in a second one.
+    locally by each state's own reduction, exactly as stock reduces them (the same stacked tensors, bit for bit).
+    No shape exchange and no host read for them; variable-size states add their sizes to that gather (one read) and
+    their data in a second one.
+
+    Args:
+        metrics: the metrics to sync, in the same order on every rank.
+        group: their process group (``None``: WORLD).
+        leaders: per metric, the index in ``metrics`` of the metric whose states it holds (a compute group the user
+            listed: the same on every rank), or ``None``. Such states are gathered once. Everything else is gathered
+            metric by metric, shared objects included, so that every rank packs the same buffer whatever it shares.
 
     Returns:
         ``False`` (nothing gathered) when a metric has a state this cannot pack (see :func:`_plan`); the caller
         then syncs as stock.
 
     """
-    states: dict[int, _State] = {}
-    plans = []
-    for metric in metrics:
-        plan = _plan(metric, states)
-        if plan is None:
+    leaders = leaders or [None] * len(metrics)
+    plans: list[Any] = [None] * len(metrics)
+    for index in sorted(range(len(metrics)), key=lambda i: leaders[i] is not None):  # leaders first
+        lead = leaders[index]
+        leader = None if lead is None or plans[lead] is None else (metrics[lead], plans[lead])
+        plans[index] = _plan(metrics[index], leader)
+        if plans[index] is None:
             return False
-        plans.append(plan)
-    distinct = list({id(s): s for s in states.values()}.values())
+    distinct = list({id(s): s for plan in plans for _, _, s in plan}.values())
     by_device: dict[torch.device, list[_State]] = {}
     for s in distinct:
         by_device.setdefault(s.own.device, []).append(s)
