@@ -247,6 +247,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
     "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
     " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
+    "hausdorff_distance": "issue 28: HausdorffDistance's batched, separable distance transform and deferred checks;"
+    " layer-only, no series patch yet",
 }
 
 

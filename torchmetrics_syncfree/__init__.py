@@ -72,6 +72,11 @@ register_area("perplexity", "torchmetrics_syncfree.text.perplexity", requires=("
 register_area(
     "generalized_dice", "torchmetrics_syncfree.segmentation.generalized_dice", requires=("metric", "classification")
 )
+register_area(
+    "hausdorff_distance",
+    "torchmetrics_syncfree.segmentation.hausdorff_distance",
+    requires=("metric", "classification", "generalized_dice"),
+)
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
 # issue 27: a MetricCollection's members synced in one collective

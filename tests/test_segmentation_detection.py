@@ -1,0 +1,235 @@
+"""HausdorffDistance (issue 28): stock's values to the bit on both patched paths (every distance metric, directed or
+not, integer and float spacing, index, one-hot and bool inputs), a sync-free update/forward on the device path with
+the check counters' copy arrived and in flight (stock's hundreds of reads seen unpatched), stock's errors (masks not
+binarized, a class absent from both masks, class values outside the classes) as deferred checks with the batch left
+out, the documented non-square deviation, fewer launches than stock, and an update that traces with
+``fullgraph=True``."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import pickle
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+from torch import Tensor
+from torchmetrics.segmentation import HausdorffDistance
+
+import torchmetrics_syncfree
+from tests._classification_cases import PATHS, parity, pending_checks
+from tests._probing import assert_sync_free_life
+from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree.launches import count_launches
+
+C = 3
+#: (distance_metric, directed, spacing): every metric both ways, integer, mixed and float spacings
+CONFIGS = [
+    ("euclidean", False, None),
+    ("euclidean", True, [2, 1]),
+    ("euclidean", False, [0.7, 1.3]),
+    ("chessboard", False, [1, 0.5]),
+    ("chessboard", True, None),
+    ("taxicab", False, [0.7, 1.3]),
+    ("taxicab", True, [2, 1]),
+]
+
+
+def _labels(gen: torch.Generator, n: int, rows: int, cols: int) -> Tensor:
+    """Index labels whose every class occurs in every sample (stock raises for a class absent from both masks)."""
+    labels = torch.randint(0, C, (n, rows, cols), generator=gen)
+    labels[:, 0, :C] = torch.arange(C)
+    return labels
+
+
+def _batches(inputs: str, seed: int, rows: int = 8, cols: int = 8, n: int = 2) -> list[tuple[Tensor, Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(2):
+        preds, target = _labels(gen, n, rows, cols), _labels(gen, n, rows, cols)
+        preds[:, rows // 2 :] = 0  # larger blobs: far edges
+        if inputs != "index":
+            preds, target = (torch.nn.functional.one_hot(x, C).movedim(-1, 1) for x in (preds, target))
+            if inputs == "bool":
+                preds, target = preds.bool(), target.bool()
+        out.append((preds, target))
+    return out
+
+
+@contextlib.contextmanager
+def _device_path() -> Any:
+    _deferred.force_device_path(True)
+    try:
+        yield
+    finally:
+        _deferred.force_device_path(False)
+
+
+def _make(config: tuple[Any, ...], input_format: str = "index", **kwargs: Any) -> HausdorffDistance:
+    distance_metric, directed, spacing = config
+    kwargs.setdefault("include_background", True)
+    return HausdorffDistance(
+        num_classes=C,
+        distance_metric=distance_metric,
+        directed=directed,
+        spacing=spacing,
+        input_format=input_format,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_parity_with_stock(path: str) -> None:
+    """forward() per batch and compute(): stock's values, dtypes and shapes, to the bit on both paths."""
+    cases = {
+        f"{i}-{config}": ((lambda c=config: _make(c)), _batches("index", seed=i)) for i, config in enumerate(CONFIGS)
+    }
+    for inputs in ("onehot", "bool"):
+        cases[inputs] = (lambda: _make(CONFIGS[0], "one-hot"), _batches(inputs, seed=9))
+    cases["no background"] = (lambda: _make(CONFIGS[1], include_background=False), _batches("index", seed=11))
+    parity(cases, path=path)
+
+
+def test_update_and_forward_are_sync_free(syncfree: Any) -> None:
+    """No would-be sync in update, forward and compute, with the counters' copy arrived and with it in flight (then
+    compute() waits for it once, as every metric with deferred checks)."""
+    data = _batches("onehot", seed=3)
+    assert_sync_free_life(_make(CONFIGS[0], "one-hot"), data)
+    metric = _make(CONFIGS[2])
+    with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
+        metric.update(*_batches("index", seed=4)[0])
+        metric(*_batches("index", seed=4)[1])
+    assert probe.count == 0, probe.events
+
+
+def test_stock_syncs_are_seen_and_launches_are_fewer() -> None:
+    """Stock reads per (sample, class) image; the device path launches a fixed, small number of kernels."""
+    preds, target = _batches("onehot", seed=1)[0]
+    with SyncProbe() as probe:
+        _make(CONFIGS[0], "one-hot").update(preds, target)
+    assert probe.count >= 10 * preds.shape[0] * C, probe.counts()
+    with _device_path():
+        stock_launches = count_launches(_make(CONFIGS[0], "one-hot").update, preds, target)[0]
+        with torchmetrics_syncfree.patched():
+            metric = _make(CONFIGS[0], "one-hot")
+            metric.update(preds, target)
+            patched_launches = count_launches(metric.update, preds, target)[0]
+    assert patched_launches < 100 < stock_launches, (patched_launches, stock_launches)
+
+
+def _with_empty_class(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Class 2 absent from both masks of the second sample."""
+    return preds.masked_fill((preds == 2) & (torch.arange(2) == 1).view(-1, 1, 1), 0), target.masked_fill(
+        (target == 2) & (torch.arange(2) == 1).view(-1, 1, 1), 1
+    )
+
+
+def _onehot(x: Tensor) -> Tensor:
+    return torch.nn.functional.one_hot(x, C).movedim(-1, 1)
+
+
+INVALID = {
+    "not binarized": ("one-hot", lambda p, t: (_onehot(p) * 2, _onehot(t)), ValueError, "should be binarized"),
+    "absent class": ("index", _with_empty_class, RuntimeError, "Expected reduction dim"),
+    "class value": ("index", lambda p, t: (p.masked_fill(p == 2, C), t), RuntimeError, "Class values must be"),
+    # stock's loop meets the empty class of sample 0 before the non-binary values of sample 1
+    "first problem wins": (
+        "one-hot",
+        lambda p, t: (
+            torch.cat([_onehot(p[:1]).masked_fill(torch.arange(C).view(1, C, 1, 1) == 0, 0), _onehot(p[1:]) * 2]),
+            _onehot(t).masked_fill(
+                (torch.arange(C).view(1, C, 1, 1) == 0) & (torch.arange(2) == 0).view(2, 1, 1, 1), 0
+            ),
+        ),
+        RuntimeError,
+        "Expected reduction dim",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_input_raises_stocks_error(path: str, case: str) -> None:
+    """Stock's exception and text: at once on CPU, at the end of the update on the device path (the copy arrives),
+    the batch left out of the state."""
+    input_format, corrupt, error, text = INVALID[case]
+    good = _batches("index", seed=5)[0]
+    bad = corrupt(*good)
+    if input_format == "one-hot":
+        good = tuple(_onehot(x) for x in good)
+    with pytest.raises(error, match=text):
+        _make(CONFIGS[0], input_format).update(*bad)
+    reference = _make(CONFIGS[0], input_format)
+    reference.update(*good)
+    with torchmetrics_syncfree.patched():
+        metric = _make(CONFIGS[0], input_format)
+        with SyncProbe() if path == "device" else contextlib.nullcontext():
+            metric.update(*good)
+            with pytest.raises(error, match=text):
+                metric.update(*bad)
+        torch.testing.assert_close(metric.compute(), reference.compute(), rtol=0, atol=0)
+        assert pending_checks(metric) == 0
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
+    """Pending after the update, carried by copies and pickles, reported once by compute(); never in the state."""
+    good = _batches("index", seed=6)[0]
+    with _deferred.simulated_copy_delay(None), SyncProbe():
+        metric = _make(CONFIGS[0])
+        metric.update(*good)
+        metric.update(*_with_empty_class(*good))
+        assert pending_checks(metric) == 1
+        twin, pickled = copy.deepcopy(metric), pickle.loads(pickle.dumps(metric))
+        with pytest.raises(RuntimeError, match="Expected reduction dim"):
+            metric.compute()
+        with pytest.raises(RuntimeError, match="Expected reduction dim"):
+            pickled.compute()
+        with pytest.raises(RuntimeError, match="Expected reduction dim"):
+            twin.reset()
+        assert int(metric.total) == good[0].shape[0] * C
+        metric.compute()  # reported once
+
+
+def _brute_force(preds: Tensor, target: Tensor, directed: bool) -> Tensor:
+    """The Hausdorff distance of the edges (euclidean, unit spacing) by all pairs of edge pixels."""
+    from torchmetrics_syncfree.segmentation.hausdorff_distance import _edges
+
+    out = torch.zeros(preds.shape[:2])
+    for b in range(preds.shape[0]):
+        for c in range(preds.shape[1]):
+            pe, te = (_edges(x[b, c].bool()).nonzero().float() for x in (preds, target))
+            d = torch.cdist(pe, te)
+            out[b, c] = (
+                d.min(1).values.max() if directed else torch.maximum(d.min(1).values.max(), d.min(0).values.max())
+            )
+    return out
+
+
+def test_non_square_images_are_the_true_distance(syncfree: Any) -> None:
+    """Documented deviation: stock's CPU distance transform misplaces non-square images' distances (``i * h + j``);
+    the device path computes the true ones."""
+    preds, target = (_onehot(x) for x in _batches("index", seed=8, rows=6, cols=10)[0])
+    expected = _brute_force(preds, target, directed=False)
+    with SyncProbe():
+        metric = _make(CONFIGS[0], "one-hot")
+        metric.update(preds, target)
+    torch.testing.assert_close(metric.score, expected.sum())
+    stock = torchmetrics_syncfree.get_original(f"{HausdorffDistance.__module__}.HausdorffDistance.update")
+    stock_metric = _make(CONFIGS[0], "one-hot")
+    stock(stock_metric, preds, target)
+    assert not torch.equal(stock_metric.score, metric.score)
+
+
+def test_update_traces_with_fullgraph(syncfree: Any) -> None:
+    metric = _make(CONFIGS[1])
+    preds, target = _batches("index", seed=2)[0]
+    with _device_path():
+        torch._dynamo.reset()
+        torch.compile(lambda p, t: metric.update(p, t), fullgraph=True, backend="aot_eager")(preds, target)
+        torch._dynamo.reset()
+    reference = _make(CONFIGS[1])
+    reference.update(preds, target)
+    torch.testing.assert_close(metric.score, reference.score, rtol=0, atol=0)
