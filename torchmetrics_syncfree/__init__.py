@@ -79,6 +79,8 @@ register_area(
 )
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
+# issue 28: the twelve clustering metrics, one host read per compute()/forward() (the number of clusters)
+register_area("clustering", "torchmetrics_syncfree.clustering", requires=("metric",))
 # issue 27: a MetricCollection's members synced in one collective
 register_area("collections", "torchmetrics_syncfree.collections", requires=("metric", "distributed"))
 # issue 28: the wrappers' internal resets and computes of the metrics they wrap read no check counters

@@ -1,0 +1,221 @@
+"""Sync-free ``torchmetrics.functional.clustering.utils``: the shared counting of the clustering metrics.
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``torch.unique(x, return_inverse=True)``: the        dense labels by one ``sort`` and a running count of value
+labels renumbered 0..k-1, k read by the host          changes, scattered back to the samples' order (fixed shape)
+``torch.bincount(...)`` of those labels,             ``index_add_`` of ones into a table of one slot per sample
+``p[p > 0]``                                         (every number of clusters fits); the table cut to the k
+                                                     clusters after the one read
+``sparse_coo_tensor(...).to_dense()`` contingency    the same table from the dense labels (``index_put_`` with
+                                                     ``accumulate``), its shape from the one read
+``torch.nonzero(contingency)`` (mutual information)  the occupied cells found without the table: the pair keys
+                                                     ``target * n + preds`` sorted and counted as above, in the
+                                                     row-major order of ``nonzero``
+==================================================  ===========================================================
+
+The number of clusters is data-sized: a compute (and so a ``forward``) of a clustering metric reads the host ONCE,
+one small tensor with every size it needs (the numbers of predicted and target clusters, of occupied contingency
+cells, and for AdjustedMutualInfoScore the largest cluster sizes); everything after it is fixed-shape device work.
+The update appends the batch to list states, as stock, and reads nothing.
+
+The public helpers replaced here (``everywhere``: the functional modules import them by name): ``calculate_entropy``
+counts without any read (a table of one slot per sample, empty slots adding 0: its float sum runs over more terms
+than stock's, equal within float32 rounding, relative 1e-6) and ``calculate_contingency_matrix`` reads the two cluster
+counts once (stock's table to the bit, dense or sparse). Where host reads are free (CPU) both are stock's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.clustering.utils import (
+    _validate_intrinsic_cluster_data,
+    _validate_intrinsic_labels_to_samples,
+)
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces, stock
+
+_FUNCTIONAL = "torchmetrics.functional.clustering.utils"
+
+
+def takes_stock(labels: Tensor) -> bool:
+    """Whether stock's code runs: host reads are free (CPU), or the labels are not 1-d (stock's error) or empty."""
+    return _deferred.reads_are_free(labels) or labels.ndim != 1 or labels.numel() == 0
+
+
+def dense_labels(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Stock's ``torch.unique(x, return_inverse=True)[1]`` without a data-sized output, and the number of labels.
+
+    Returns the labels renumbered 0..k-1 in the order of their values (int64, ``x``'s shape; ``x`` is 1-d and not
+    empty) and k as a 1-element int64 tensor (on the device, not read).
+    """
+    values, order = x.sort()
+    steps = (values[1:] != values[:-1]).cumsum(0)
+    group = torch.cat([steps.new_zeros(1), steps])
+    return torch.empty_like(group).scatter_(0, order, group), group[-1:] + 1
+
+
+def label_counts(labels: Tensor) -> Tensor:
+    """The number of samples of each dense label, in a table of one slot per sample (int64; empty slots are 0)."""
+    return torch.zeros_like(labels).index_add_(0, labels, torch.ones_like(labels))
+
+
+def entropy_of_counts(counts: Tensor) -> Tensor:
+    """Stock's ``calculate_entropy`` from the (positive) counts of its labels: its operations on the same values."""
+    n = counts.sum()
+    return -torch.sum((counts / n) * (torch.log(counts) - torch.log(n)))
+
+
+def power_mean(x: Tensor, method: str) -> Tensor:
+    """Stock's ``calculate_generalized_mean`` of two entropies, without its input check.
+
+    The check (``not is_nonnegative(x)``: a host read) cannot fail for entropies: each of their terms is
+    ``(p / n) * (log p - log n)`` with ``0 < p <= n``, never positive.
+    """
+    if method == "min":
+        return x.min()
+    if method == "geometric":
+        return torch.exp(torch.mean(x.log()))
+    if method == "arithmetic":
+        return x.mean()
+    return x.max()
+
+
+@dataclass
+class LabelPairs:
+    """Two clusterings counted together after the one host read (every tensor on the labels' device).
+
+    ``rows``/``cols``/``cells``: the target cluster, predicted cluster and count of each occupied contingency cell,
+    in the row-major order of ``torch.nonzero(contingency)``; ``target_counts``/``preds_counts``: the sizes of the
+    target and predicted clusters (the contingency's row and column sums); ``extra``: the values that the caller's
+    ``extra`` function added to the read.
+    """
+
+    n: int
+    rows: Tensor
+    cols: Tensor
+    cells: Tensor
+    target_counts: Tensor
+    preds_counts: Tensor
+    extra: list[int] = field(default_factory=list)
+
+
+def label_pairs(
+    preds: Tensor, target: Tensor, extra: Callable[[Tensor, Tensor], list[Tensor]] | None = None
+) -> LabelPairs:
+    """Count two clusterings (1-d, same non-zero length) with ONE host read.
+
+    ``extra(target_counts, preds_counts)`` may add 1-element int64 tensors (computed from the per-sample count
+    tables) to that read.
+    """
+    n = preds.numel()
+    preds_labels, num_preds = dense_labels(preds)
+    target_labels, num_target = dense_labels(target)
+    keys, _ = (target_labels * n + preds_labels).sort()
+    steps = (keys[1:] != keys[:-1]).cumsum(0)
+    cell = torch.cat([steps.new_zeros(1), steps])
+    cells = label_counts(cell)
+    # every key of a cell is the same: the scatter writes equal values
+    cell_keys = torch.zeros_like(keys).scatter_(0, cell, keys)
+    target_counts, preds_counts = label_counts(target_labels), label_counts(preds_labels)
+    added = [] if extra is None else extra(target_counts, preds_counts)
+    # the one host read of the call: every data-sized shape at once
+    sizes = torch.cat([num_target, num_preds, cell[-1:] + 1, *added]).tolist()
+    num_target_clusters, num_preds_clusters, occupied = sizes[:3]
+    cell_keys = cell_keys[:occupied]
+    return LabelPairs(
+        n=n,
+        rows=cell_keys // n,
+        cols=cell_keys % n,
+        cells=cells[:occupied],
+        target_counts=target_counts[:num_target_clusters],
+        preds_counts=preds_counts[:num_preds_clusters],
+        extra=sizes[3:],
+    )
+
+
+def mutual_info(pairs: LabelPairs) -> Tensor:
+    """Stock's ``_mutual_info_score_compute`` over the occupied cells: the same operations on the same values."""
+    n = torch.full((), pairs.n, dtype=torch.int64, device=pairs.cells.device)  # stock: ``contingency.sum()``
+    log_outer = torch.log(pairs.target_counts[pairs.rows]) + torch.log(pairs.preds_counts[pairs.cols])
+    contingency = pairs.cells
+    return (contingency / n * (torch.log(n) + torch.log(contingency) - log_outer)).sum()
+
+
+def pair_confusion(pairs: LabelPairs) -> Tensor:
+    """Stock's ``calculate_pair_cluster_confusion_matrix`` (int64 2x2) from the occupied cells: exact integer sums."""
+    n = torch.full((), pairs.n, dtype=torch.int64, device=pairs.cells.device)
+    cells = pairs.cells
+    sum_squared = (cells**2).sum()
+    same_target = (cells * pairs.preds_counts[pairs.cols]).sum() - sum_squared  # stock's [1, 0]
+    same_preds = (cells * pairs.target_counts[pairs.rows]).sum() - sum_squared  # stock's [0, 1]
+    both = sum_squared - n
+    neither = n**2 - same_preds - same_target - sum_squared
+    return torch.stack([torch.stack([neither, same_preds]), torch.stack([same_target, both])])
+
+
+@replaces(f"{_FUNCTIONAL}.calculate_entropy", params=("x",), everywhere=True)
+def calculate_entropy(x: Tensor) -> Tensor:
+    """Stock's entropy of a tensor of labels, counted in a fixed-size table (no host read)."""
+    if takes_stock(x):
+        return stock(f"{_FUNCTIONAL}.calculate_entropy")(x)
+    counts = label_counts(dense_labels(x)[0])
+    n = counts.sum()
+    occupied = counts > 0
+    safe = torch.where(occupied, counts, 1)
+    return -torch.where(occupied, (counts / n) * (torch.log(safe) - torch.log(n)), 0).sum()
+
+
+@replaces(f"{_FUNCTIONAL}.calculate_contingency_matrix", params=("preds", "target", "eps", "sparse"), everywhere=True)
+def calculate_contingency_matrix(
+    preds: Tensor, target: Tensor, eps: float | None = None, sparse: bool = False
+) -> Tensor:
+    """Stock's contingency matrix (target clusters x predicted clusters) with one host read: its shape."""
+    if takes_stock(preds) or target.ndim != 1:
+        return stock(f"{_FUNCTIONAL}.calculate_contingency_matrix")(preds, target, eps, sparse)
+    if eps is not None and sparse is True:
+        raise ValueError("Cannot specify `eps` and return sparse tensor.")
+    preds_labels, num_preds = dense_labels(preds)
+    target_labels, num_target = dense_labels(target)
+    shape = tuple(torch.cat([num_target, num_preds]).tolist())  # the one host read
+    ones = torch.ones_like(target_labels)
+    if sparse:
+        return torch.sparse_coo_tensor(torch.stack((target_labels, preds_labels)), ones, shape)
+    contingency = torch.zeros(shape, dtype=ones.dtype, device=ones.device)
+    contingency.index_put_((target_labels, preds_labels), ones, accumulate=True)
+    if eps:
+        contingency = contingency + eps
+    return contingency
+
+
+def clusters(labels: Tensor) -> tuple[Tensor, Tensor, int]:
+    """The dense labels of an intrinsic metric's samples, each cluster's size (int64) and the number of clusters.
+
+    One host read (the number of clusters); ``labels`` is 1-d and not empty.
+    """
+    dense, num = dense_labels(labels)
+    num_labels = int(num.tolist()[0])  # the one host read
+    return dense, label_counts(dense)[:num_labels], num_labels
+
+
+def validated_clusters(data: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, int]:
+    """:func:`clusters` between stock's two checks of an intrinsic metric's input (its errors, its texts)."""
+    _validate_intrinsic_cluster_data(data, labels)
+    dense, counts, num_labels = clusters(labels)
+    _validate_intrinsic_labels_to_samples(num_labels, data.shape[0])
+    return dense, counts, num_labels
+
+
+def cluster_means(data: Tensor, labels: Tensor, counts: Tensor) -> Tensor:
+    """Each cluster's mean in ``data``'s dtype.
+
+    One ``index_add_``: the sums run in another order than stock's per-cluster ``mean``, equal within rounding.
+    """
+    sums = torch.zeros((counts.numel(), data.shape[1]), dtype=data.dtype, device=data.device)
+    return sums.index_add_(0, labels, data) / counts[:, None]
