@@ -561,11 +561,15 @@ def sweep(metric: Any) -> None:
     if not kinds or _quiet_time(metric):
         return
     entry = _readers.get(id(metric))
-    if entry is not None and entry[1].in_flight and entry[0]() is metric:
-        # the common case on a GPU a step behind: the copy is still on its way, and there is nothing else to do
+    if entry is not None and entry[0]() is metric:
         reader = entry[1]
-        reader.age += 1
-        if not reader.ready():
+        if reader.in_flight:
+            # the common case on a GPU a step behind: the copy is still on its way, and there is nothing else to do
+            reader.age += 1
+            if not reader.ready():
+                return
+        elif reader.rest > 0 and reader.device == counters.device:
+            reader.rest -= 1  # the common case between copies (``COPY_INTERVAL``): nothing to take, nothing to launch
             return
     if _reports_at_sync(metric):
         return
