@@ -147,6 +147,28 @@ def assert_identical(stock: list[Tensor], patched: list[Tensor], label: str = ""
         torch.testing.assert_close(p, s, rtol=rtol, atol=0, equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
 
 
+class Combining:
+    """A metric whose ``forward``/``compute`` results (tuples, lists) come back as one tensor, ``combine(result)``:
+    for ``parity``, which compares tensors."""
+
+    def __init__(self, metric: Any, combine: Callable[[Any], Tensor]) -> None:
+        self.metric = metric
+        self.combine = combine
+
+    def to(self, device: str) -> Combining:
+        self.metric = self.metric.to(device)
+        return self
+
+    def __call__(self, *args: Any) -> Tensor:
+        return self.combine(self.metric(*args))
+
+    def update(self, *args: Any) -> None:
+        self.metric.update(*args)
+
+    def compute(self) -> Tensor:
+        return self.combine(self.metric.compute())
+
+
 def parity(
     cases: dict[str, Case],
     device: str = "cpu",

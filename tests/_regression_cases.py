@@ -58,3 +58,10 @@ def with_small_batches(data: Batches) -> Batches:
     """``data`` plus a batch of one (stock's ``num_obs == 1`` update) and a constant batch (near-zero variance)."""
     preds, target = data[0]
     return [*data, (preds[:1], target[:1]), (preds, torch.ones_like(target))]
+
+
+def rounded(seed: int, outputs: int | None = None, dtype: torch.dtype = torch.float32, n: int = 16) -> Batches:
+    """``batches`` rounded to a few distinct values (tie groups of every size), then a batch of all-equal preds."""
+    data = [(torch.round(p * 2) / 2, torch.round(t * 2) / 2) for p, t in batches(seed, outputs, torch.float32, n)]
+    data.append((torch.zeros_like(data[0][0]), data[0][1]))
+    return [(p.to(dtype), t.to(dtype)) for p, t in data]

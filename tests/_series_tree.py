@@ -249,6 +249,13 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
     "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
     " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
+    "log_cosh": "issue 28: LogCoshError's count filled on the device; layer-only, its series patch is not written yet",
+    "tweedie_deviance": "issue 28: TweedieDevianceScore's count and deferred value checks; layer-only, no series"
+    " patch yet",
+    "concordance": "issue 28: ConcordanceCorrCoef's compute through the sync-free Pearson coefficient; layer-only, no"
+    " series patch yet",
+    "kendall": "issue 28: KendallRankCorrCoef's ties, distinct values and p-value without unique/bincount/copies;"
+    " layer-only, no series patch yet",
     "hausdorff_distance": "issue 28: HausdorffDistance's batched, separable distance transform and deferred checks;"
     " layer-only, no series patch yet",
 }

@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
 import torchmetrics_syncfree
-from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
+from tests._classification_cases import NUM_CLASSES, PATHS, Case, Combining, parity, pending_checks
 from tests._probing import graph_breaks, syncs_are_errors
 from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree.classification import precision_recall_curve
@@ -118,7 +118,7 @@ def test_binned_state_is_stocks(path: str, monkeypatch: pytest.MonkeyPatch) -> N
 def test_parity_with_stock(name: str, path: str) -> None:
     """forward() per batch and compute(): stock's values, dtypes and shapes (curves: every tensor of the tuples)."""
     cases = _cases(name, tuple(THRESHOLDS))
-    wrapped = {label: ((lambda make=make: _Flattening(make())), data) for label, (make, data) in cases.items()}
+    wrapped = {label: ((lambda make=make: _flattening(make())), data) for label, (make, data) in cases.items()}
 
     # AUROC's and AveragePrecision's device-path computes sum in another order (tests/test_curve_computes.py); the
     # device path's unbinned update applies the sigmoid before it leaves out ignored entries, and on CPU a vectorized
@@ -151,7 +151,7 @@ def test_multiclass_micro_curves_match_stock(path: str) -> None:
                     data.append((preds.masked_fill((target == ignore_index).unsqueeze(1), 5.0), target))
 
                 def make(name: str = name, key: str = key, ignore_index: int | None = ignore_index) -> Any:
-                    return _Flattening(_make(name, "multiclass", THRESHOLDS[key], ignore_index, average="micro"))
+                    return _flattening(_make(name, "multiclass", THRESHOLDS[key], ignore_index, average="micro"))
 
                 cases[label] = make, data
     parity(cases, path=path, rtol=lambda label: 1e-6 if path == "device" and "thresholds=None" in label else 0.0)
@@ -248,24 +248,9 @@ def test_multiclass_micro_state_keeps_its_ignored_rows_through_copies_and_merges
                 torch.testing.assert_close(value, reference, rtol=1e-6, atol=0)  # (order of the batches differs)
 
 
-class _Flattening:
+def _flattening(metric: Any) -> Combining:
     """A metric whose forward/compute return one tensor: the curve tuples flattened (for ``parity``)."""
-
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-
-    def to(self, device: str) -> _Flattening:
-        self.metric = self.metric.to(device)
-        return self
-
-    def __call__(self, *args: Any) -> Tensor:
-        return torch.cat([t.double().flatten() for t in _flat(self.metric(*args))])
-
-    def update(self, *args: Any) -> None:
-        self.metric.update(*args)
-
-    def compute(self) -> Tensor:
-        return torch.cat([t.double().flatten() for t in _flat(self.metric.compute())])
+    return Combining(metric, lambda value: torch.cat([t.double().flatten() for t in _flat(value)]))
 
 
 @pytest.mark.parametrize("task", list(IGNORE))

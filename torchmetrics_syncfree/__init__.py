@@ -65,6 +65,11 @@ register_area("explained_variance", "torchmetrics_syncfree.regression.explained_
 register_area("pearson", "torchmetrics_syncfree.regression.pearson", requires=("metric",))
 register_area("kl_divergence", "torchmetrics_syncfree.regression.kl_divergence")
 register_area("spearman", "torchmetrics_syncfree.regression.spearman", requires=("metric",))
+# issue 28: LogCoshError, TweedieDevianceScore, KendallRankCorrCoef, ConcordanceCorrCoef
+register_area("log_cosh", "torchmetrics_syncfree.regression.log_cosh")
+register_area("tweedie_deviance", "torchmetrics_syncfree.regression.tweedie_deviance", requires=("metric",))
+register_area("concordance", "torchmetrics_syncfree.regression.concordance", requires=("metric", "pearson"))
+register_area("kendall", "torchmetrics_syncfree.regression.kendall")
 # issue 11: MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore (one area per upstream module)
 register_area("minmax", "torchmetrics_syncfree.wrappers.minmax", requires=("metric",))
 register_area("psnr", "torchmetrics_syncfree.image.psnr", requires=("metric",))

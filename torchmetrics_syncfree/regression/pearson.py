@@ -200,16 +200,26 @@ def _compute(self: Any) -> Tensor:
     """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
     if _deferred.reads_are_free(self.var_x):
         return stock(f"{_MODULE}.PearsonCorrCoef.compute")(self)
-    scaled = hasattr(self, "max_abs_dev_x")  # 1.7.4+
-    states = [self.mean_x, self.mean_y]
+    _, _, max_x, max_y, var_x, var_y, corr_xy, n_total = final_statistics(self)
+    return _coefficient(self, var_x, var_y, corr_xy, n_total, max_x, max_y)
+
+
+def final_statistics(metric: Any) -> tuple[Tensor | None, ...]:
+    """The running statistics of a PearsonCorrCoef (or ConcordanceCorrCoef) as its ``compute`` uses them.
+
+    ``(mean_x, mean_y, max_abs_dev_x, max_abs_dev_y, var_x, var_y, corr_xy, n_total)``, the largest absolute
+    deviations ``None`` before 1.7.4; the states of several ranks (synced without reduction) aggregated by stock's
+    ``_final_aggregation`` (tensor arithmetic only).
+    """
+    scaled = hasattr(metric, "max_abs_dev_x")  # 1.7.4+
+    states = [metric.mean_x, metric.mean_y]
     if scaled:
-        states += [self.max_abs_dev_x, self.max_abs_dev_y]
-    states += [self.var_x, self.var_y, self.corr_xy, self.n_total]
-    if (self.num_outputs == 1 and self.mean_x.numel() > 1) or (self.num_outputs > 1 and self.mean_x.ndim > 1):
-        # the states of several ranks (synced without reduction): stock's aggregation, tensor arithmetic only
+        states += [metric.max_abs_dev_x, metric.max_abs_dev_y]
+    states += [metric.var_x, metric.var_y, metric.corr_xy, metric.n_total]
+    if (metric.num_outputs == 1 and metric.mean_x.numel() > 1) or (metric.num_outputs > 1 and metric.mean_x.ndim > 1):
         from torchmetrics.regression.pearson import _final_aggregation
 
         states = list(_final_aggregation(*states))
-    var_x, var_y, corr_xy, n_total = states[-4:]
-    max_x, max_y = (states[2], states[3]) if scaled else (None, None)
-    return _coefficient(self, var_x, var_y, corr_xy, n_total, max_x, max_y)
+    if not scaled:
+        states[2:2] = [None, None]
+    return tuple(states)

@@ -1,0 +1,130 @@
+"""Sync-free ``torchmetrics.regression.tweedie_deviance``: TweedieDevianceScore's update (and so ``forward``).
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``torch.tensor(torch.numel(score), device=...)``:    ``torch.full``: the same int64 0-dim count, filled on the
+a host-to-device copy of the count                   device
+``if torch.any(preds <= 0) or torch.any(...):        the same condition as one 0-dim flag, filed as a deferred
+raise ValueError(...)`` (powers other than 0)        error of the metric (stock's type and text, which names the
+                                                     power); the offending batch adds nothing to the states
+``_safe_xlogy`` (power 1): ``res[x == 0] = 0.0``     ``masked_fill(x == 0, 0.0)``: the same values
+==================================================  ===========================================================
+
+Replaced are the metric's ``__init__`` (its check counter) and ``update``; where host reads are free (CPU) the update
+is stock's. On the device path the deviance is stock's expression (``torch.zeros`` made only for the powers that use
+it), so the values are stock's to the bit; a batch with invalid values raises stock's ``ValueError`` at the
+metric's next eager point (the end of the update, as stock, when the device has finished it; else a later update,
+``compute()`` or ``reset()``) and is left out of the states. ``compute`` reads nothing and stays stock's. The
+functional ``tweedie_deviance_score`` has no metric to defer to and stays stock's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.utilities.checks import _check_same_shape
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree.regression.log_cosh import count_of
+
+_MODULE = "torchmetrics.regression.tweedie_deviance"
+
+
+def _message(power: float) -> str | None:
+    """Stock's error for invalid values at ``power`` (``None``: power 0 checks no values)."""
+    if power == 0:
+        return None
+    if power == 1:
+        return f"For power={power}, 'preds' has to be strictly positive and 'targets' cannot be negative."
+    if power < 0:
+        return f"For power={power}, 'preds' has to be strictly positive."
+    if 1 < power < 2:
+        return f"For power={power}, 'targets' has to be strictly positive and 'preds' cannot be negative."
+    return f"For power={power}, both 'preds' and 'targets' have to be strictly positive."
+
+
+class _PowerCheck(_deferred.Check):
+    """The invalid-values check of one power: its message names the power, so it is made (and pickled) per power."""
+
+    __slots__ = ("power",)
+
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        return power_check, (self.power,)
+
+
+def power_check(power: float) -> _deferred.Check:
+    """The deferred ``ValueError`` of invalid values at ``power`` (made once per power, found again by its key)."""
+    key = f"tweedie-deviance.invalid-values.{power!r}"
+    known = _deferred._checks.get(key)
+    if known is None:
+        known = _PowerCheck(key, _message(power) or "", ValueError)
+        known.power = power
+    return known
+
+
+def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
+    return () if self.power == 0 or 0 < self.power < 1 else (power_check(self.power),)
+
+
+_stock_init_with_checks = _deferred.checked_init(f"{_MODULE}.TweedieDevianceScore.__init__", __name__, _kinds)
+
+
+@replaces(f"{_MODULE}.TweedieDevianceScore.__init__", params=("self", "power", "kwargs"))
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Stock's ``__init__``, plus the counter of the invalid-values check."""
+    _stock_init_with_checks(self, *args, **kwargs)
+
+
+def _invalid(preds: Tensor, targets: Tensor, power: float) -> Tensor | None:
+    """Stock's condition for its ``ValueError`` as one 0-dim flag (``None`` for power 0)."""
+    if power == 0:
+        return None
+    if power < 0:
+        return (preds <= 0).any()
+    if power == 1 or 1 < power < 2:
+        return ((preds <= 0) | (targets < 0)).any()
+    return ((preds <= 0) | (targets <= 0)).any()
+
+
+def _deviance(preds: Tensor, targets: Tensor, power: float) -> Tensor:
+    """Stock's elementwise deviance of ``_tweedie_deviance_score_update`` (its value checks done by the caller)."""
+    if power == 0:
+        return torch.pow(targets - preds, exponent=2)
+    if power == 1:  # Poisson; stock's ``_safe_xlogy(targets, targets / preds)`` without the boolean-mask write
+        xlogy = (targets * torch.log(targets / preds)).masked_fill(targets == 0, 0.0)
+        return 2 * (xlogy + preds - targets)
+    if power == 2:  # Gamma
+        return 2 * (torch.log(preds / targets) + (targets / preds) - 1)
+    zero_tensor = torch.zeros(preds.shape, device=preds.device)  # stock's (float32: it promotes half inputs)
+    term_1 = torch.pow(torch.max(targets, zero_tensor), 2 - power) / ((1 - power) * (2 - power))
+    term_2 = targets * torch.pow(preds, 1 - power) / (1 - power)
+    term_3 = torch.pow(preds, 2 - power) / (2 - power)
+    return 2 * (term_1 - term_2 + term_3)
+
+
+@replaces(f"{_MODULE}.TweedieDevianceScore.update", params=("self", "preds", "targets"), kind="metric_method")
+def _update(self: Any, preds: Tensor, targets: Tensor) -> None:
+    """Stock's update where reads are free; otherwise the same states, invalid values filed instead of read."""
+    if _deferred.reads_are_free(preds):
+        stock(f"{_MODULE}.TweedieDevianceScore.update")(self, preds, targets)
+        return
+    power = self.power
+    _check_same_shape(preds, targets)
+    if 0 < power < 1:
+        raise ValueError(f"Deviance Score is not defined for power={power}.")
+    deviance_score = _deviance(preds, targets, power)
+    sum_deviance_score = torch.sum(deviance_score)
+    count = count_of(torch.numel(deviance_score), preds)
+    invalid = _invalid(preds, targets, power)
+    if invalid is not None:
+        _deferred.keep_kinds(self, _kinds(self))  # ``power`` may have been set after ``__init__``
+        if _deferred.record(self, power_check(power), invalid):  # stock raised: the batch is left out
+            sum_deviance_score = torch.where(invalid, 0.0, sum_deviance_score)
+            count = torch.where(invalid, 0, count)
+    self.sum_deviance_score += sum_deviance_score
+    self.num_observations += count
+    _deferred.sweep(self)
