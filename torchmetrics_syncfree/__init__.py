@@ -84,6 +84,12 @@ register_area(
 )
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
+# issue 28: RetrievalPrecisionRecallCurve, RetrievalRecallAtFixedPrecision
+register_area(
+    "retrieval_precision_recall_curve",
+    "torchmetrics_syncfree.retrieval.precision_recall_curve",
+    requires=("metric", "retrieval"),
+)
 # issue 28: the twelve clustering metrics, one host read per compute()/forward() (the number of clusters)
 register_area("clustering", "torchmetrics_syncfree.clustering", requires=("metric",))
 # issue 27: a MetricCollection's members synced in one collective

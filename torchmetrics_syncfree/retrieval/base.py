@@ -12,7 +12,7 @@ or target.min() < 0`` (two reads)                    deferred check: stock's ``V
 boolean mask), then ``if not indexes.numel()``       ``ignore_index``) and every compute leaves them out; a batch
                                                      whose entries are all ignored is a deferred ``ValueError``
 ``compute``: ``torch.sort(indexes)``,                one fixed-shape pass (RetrievalMRR, HitRate, Precision,
-``_flexible_bincount`` (``torch.unique``) +          Recall, MAP, NormalizedDCG, RPrecision; FallOut in
+``_flexible_bincount`` (``torch.unique``) +          Recall, MAP, NormalizedDCG, RPrecision, AUROC; FallOut in
 ``.tolist()``, a Python loop over the queries        :mod:`.fall_out`): a stable sort by (query, score
 with ``if not target.sum()`` and ``torch.split``     descending), query starts by comparison and ``cumsum``, the
 per query, the per-query ``_metric``                 rank of each document among its query's kept documents by
@@ -28,9 +28,9 @@ the loop                                             its end (the one read of th
 
 Where host reads are free (CPU) the update and compute are stock's own (bitwise stock's values, errors at once).
 Metrics without a fixed-shape form keep stock's ``compute`` after the sync-free update (on the list states without
-the entries the device path keeps for it to leave out): RetrievalAUROC, subclasses that override ``_metric``, and any
-callable ``aggregation``. RetrievalPrecisionRecallCurve and RetrievalRecallAtFixedPrecision have their own update and
-are not patched.
+the entries the device path keeps for it to leave out): subclasses that override ``_metric``, and any callable
+``aggregation``. RetrievalPrecisionRecallCurve and RetrievalRecallAtFixedPrecision have their own update and compute,
+patched in :mod:`.precision_recall_curve` with the helpers of this module.
 
 Deviations from stock (documented in ``docs/retrieval.md``, tested in ``tests/test_retrieval.py``):
 
@@ -40,8 +40,8 @@ Deviations from stock (documented in ``docs/retrieval.md``, tested in ``tests/te
   among tied scores depends on the backend and the size); the device path ranks tied documents in the order they
   were added (a stable sort). Values differ only where tied documents of different relevance straddle a cut-off
   (``top_k``, the first relevant document, R of R-precision); NormalizedDCG averages over ties and is unaffected;
-* the device path's float sums (the mean over queries, MAP's mean over hits, NormalizedDCG's gains) run in another
-  order than stock's: equal up to float32 rounding (``rtol=1e-6`` in the tests).
+* the device path's float sums (the mean over queries, MAP's mean over hits, NormalizedDCG's gains, AUROC's
+  trapezoids) run in another order than stock's: equal up to float32 rounding (``rtol=1e-6`` in the tests).
 """
 
 from __future__ import annotations
@@ -143,10 +143,15 @@ _STOCK_UPDATE = f"{_MODULE}.RetrievalMetric.update"
 @replaces(_STOCK_UPDATE, params=("self", "preds", "target", "indexes"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
     """Stock's update where reads are free; on the device path its checks deferred and no boolean mask."""
+    update_unless_reads_are_free(self, _STOCK_UPDATE, preds, target, indexes)
+
+
+def update_unless_reads_are_free(self: Any, target_name: str, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
+    """Stock's update at ``target_name`` where reads are free; else the list states' update, its checks deferred."""
     if indexes is None:
         raise ValueError("Argument `indexes` cannot be None")
     if _deferred.reads_are_free(preds):  # stock's checks raise at once: nothing is filed
-        stock(_STOCK_UPDATE)(self, preds, target, indexes)
+        stock(target_name)(self, preds, target, indexes)
         return
     _refresh_kinds(self)
     indexes, preds, target = _checked_inputs(self, indexes, preds, target)
@@ -340,9 +345,62 @@ def _r_precision(self: Any, q: _Queries) -> Tensor:
     return relevant / relevant_number
 
 
+def _tie_runs(q: _Queries) -> tuple[Tensor, Tensor]:
+    """Runs of tied scores within each query (contiguous in ``q``'s order): (run start flags, run id in ``[0, N)``)."""
+    run_start = q.start.clone()
+    run_start[1:] |= q.preds[1:] != q.preds[:-1]
+    return run_start, run_start.long().cumsum(0) - 1
+
+
+def _within_query_before(q: _Queries, counted: Tensor, start: Tensor) -> Tensor:
+    """Per entry: ``counted`` entries of its query before the last ``start`` at or before it (0-based cumulative)."""
+    counts = counted.long()
+    before = counts.cumsum(0) - counts  # non-decreasing: its value at the last start is a cummax
+    return torch.where(start, before, 0).cummax(0).values - torch.where(q.start, before, 0).cummax(0).values
+
+
+def _auroc(self: Any, q: _Queries) -> Tensor:
+    """Stock's ``retrieval_auroc`` per query, from the ROC curve of the query's ``top_k`` documents.
+
+    A point per run of tied scores, its trapezoids (clipped at ``max_fpr`` with McClish's correction, as
+    ``binary_auroc``); ``0.0`` where the top documents are all relevant or all not.
+    """
+    counted = q.top(self.top_k or None)
+    positive = counted & (q.target > 0)
+    negative = counted & (q.target <= 0)
+    positives, negatives = q.sum(positive.long()), q.sum(negative.long())
+    run_start, run = _tie_runs(q)
+    zeros = torch.zeros(q.n, dtype=torch.long, device=run.device)
+    # per run (at its first entry): the curve's point before the run and the point at its end
+    tps_before = _within_query_before(q, positive, run_start).float()
+    fps_before = _within_query_before(q, negative, run_start).float()
+    tps_run = zeros.scatter_add(0, run, positive.long()).gather(0, run).float()
+    fps_run = zeros.scatter_add(0, run, negative.long()).gather(0, run).float()
+    p = q.per_entry(positives).clamp(min=1).float()
+    n = q.per_entry(negatives).clamp(min=1).float()
+    tpr0, tpr1 = tps_before / p, (tps_before + tps_run) / p
+    fpr0, fpr1 = fps_before / n, (fps_before + fps_run) / n
+    max_fpr = self.max_fpr
+    if max_fpr is None or max_fpr == 1:
+        area = (fpr1 - fpr0) * (tpr0 + tpr1) / 2
+    else:  # the segment that crosses max_fpr ends at its interpolated point, later segments count nothing
+        width = fpr1 - fpr0
+        weight = (max_fpr - fpr0) / torch.where(width > 0, width, 1.0)
+        tpr_at = torch.lerp(tpr0, tpr1, weight.clamp(max=1.0))
+        area = (torch.clamp(fpr1, max=max_fpr) - fpr0).clamp(min=0) * (tpr0 + tpr_at) / 2
+    per_query = torch.zeros(q.n, dtype=area.dtype, device=area.device).scatter_add_(
+        0, q.query, area.masked_fill(~run_start, 0)
+    )
+    if max_fpr is not None and max_fpr != 1:
+        min_area = 0.5 * max_fpr**2
+        per_query = 0.5 * (1 + (per_query - min_area) / (max_fpr - min_area))
+    return torch.where((positives > 0) & (negatives > 0), per_query, 0.0)
+
+
 def _fixed_shape_values() -> dict[Any, Callable[[Any, _Queries], Tensor]]:
     """The stock ``_metric`` of each metric with a fixed-shape form -> its per-query values."""
     from torchmetrics.retrieval import (
+        RetrievalAUROC,
         RetrievalHitRate,
         RetrievalMAP,
         RetrievalMRR,
@@ -360,22 +418,44 @@ def _fixed_shape_values() -> dict[Any, Callable[[Any, _Queries], Tensor]]:
         RetrievalMAP._metric: _average_precision,
         RetrievalNormalizedDCG._metric: _normalized_dcg,
         RetrievalRPrecision._metric: _r_precision,
+        RetrievalAUROC._metric: _auroc,
     }
 
 
 def _aggregate(values: Tensor, counted: Tensor, aggregation: str) -> Tensor:
-    """Stock's ``_retrieval_aggregate`` over the counted queries; ``0.0`` when none is counted (stock: no ``res``)."""
+    """Stock's ``_retrieval_aggregate`` over the counted queries; ``0.0`` when none is counted (stock: no ``res``).
+
+    Along dim 0: ``values`` may have more dimensions, one row per query (the curves: zeros where none is counted).
+    """
     count = counted.sum()
+    counted = counted.view(-1, *(1,) * (values.dim() - 1))
     if aggregation == "mean":
-        out = values.masked_fill(~counted, 0).sum() / count.clamp(min=1)
+        out = values.masked_fill(~counted, 0).sum(0) / count.clamp(min=1)
     elif aggregation == "min":
-        out = values.masked_fill(~counted, torch.inf).amin()
+        out = values.masked_fill(~counted, torch.inf).amin(0)
     elif aggregation == "max":
-        out = values.masked_fill(~counted, -torch.inf).amax()
+        out = values.masked_fill(~counted, -torch.inf).amax(0)
     else:  # median: torch.median's lower middle of the counted values, which sort before the uncounted +inf
-        ordered = values.masked_fill(~counted, torch.inf).sort().values
-        out = ordered.gather(0, ((count - 1).clamp(min=0) // 2).view(1)).squeeze(0)
+        ordered = values.masked_fill(~counted, torch.inf).sort(0).values
+        middle = ((count - 1).clamp(min=0) // 2).expand(1, *values.shape[1:])
+        out = ordered.gather(0, middle).squeeze(0)
     return torch.where(count > 0, out, 0.0)
+
+
+def report_empty_queries(self: Any, no_target: _deferred.Check, empty_query: Tensor) -> None:
+    """``empty_target_action="error"``: stock's error for queries without a (non-)relevant document, raised now.
+
+    Filed and read at once (the eager point: stock raises before it returns a value), by every rank of a synced
+    compute alike (not ``record_in_compute``, whose filing is rank zero's only, for warnings); inside ``forward`` it
+    is read at forward's end.
+    """
+    _deferred.record(self, no_target, empty_query.any())
+    try:
+        _deferred.report_pending(self)
+    except BaseException:
+        if self._is_synced:  # raised inside the sync context, which unsyncs only when compute returns
+            self.unsync()
+        raise
 
 
 def fixed_shape_compute(
@@ -397,16 +477,7 @@ def fixed_shape_compute(
     else:
         counted = q.real & ~empty_query
         if action == "error":
-            # filed and read at once (the eager point: stock raises before it returns a value), by every rank of a
-            # synced compute alike (not ``record_in_compute``, whose filing is rank zero's only, for warnings);
-            # inside ``forward`` it is read at forward's end
-            _deferred.record(self, no_target, empty_query.any())
-            try:
-                _deferred.report_pending(self)
-            except BaseException:
-                if self._is_synced:  # raised inside the sync context, which unsyncs only when compute returns
-                    self.unsync()
-                raise
+            report_empty_queries(self, no_target, empty_query)
     return _aggregate(value, counted, self.aggregation).to(preds)
 
 
