@@ -455,11 +455,25 @@ def _regression_metrics() -> list[Any]:
     """The regression metrics whose methods the issue-11 areas patch."""
     import warnings
 
-    from torchmetrics.regression import ExplainedVariance, PearsonCorrCoef, R2Score, SpearmanCorrCoef
+    from torchmetrics.regression import (
+        ConcordanceCorrCoef,
+        ExplainedVariance,
+        PearsonCorrCoef,
+        R2Score,
+        SpearmanCorrCoef,
+        TweedieDevianceScore,
+    )
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SpearmanCorrCoef's memory warning
-        return [R2Score(), ExplainedVariance(), PearsonCorrCoef(num_outputs=2), SpearmanCorrCoef()]
+        return [
+            R2Score(),
+            ExplainedVariance(),
+            PearsonCorrCoef(num_outputs=2),
+            SpearmanCorrCoef(),
+            ConcordanceCorrCoef(),  # its own compute (issue 28)
+            TweedieDevianceScore(power=1.5),  # __init__ and update (issue 28)
+        ]
 
 
 def _method_targets() -> list[str]:
