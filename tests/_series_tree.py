@@ -260,6 +260,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " layer-only, no series patch yet",
     "hausdorff_distance": "issue 28: HausdorffDistance's batched, separable distance transform and deferred checks;"
     " layer-only, no series patch yet",
+    "detection_iou": "issue 28: the box IoU metrics' mask writes as masked_fill_ and their compute without reads;"
+    " layer-only, no series patch yet",
 }
 
 

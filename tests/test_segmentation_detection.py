@@ -233,3 +233,130 @@ def test_update_traces_with_fullgraph(syncfree: Any) -> None:
     reference = _make(CONFIGS[1])
     reference.update(preds, target)
     torch.testing.assert_close(metric.score, reference.score, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ detection: the box IoU metrics (torchvision)
+
+
+def _torchvision_available() -> bool:
+    try:
+        import torchvision.ops  # noqa: F401
+    except Exception:  # missing, or a build that does not match torch
+        return False
+    return True
+
+
+needs_torchvision = pytest.mark.skipif(not _torchvision_available(), reason="the IoU metrics need torchvision")
+IOU_CLASSES = (
+    "IntersectionOverUnion",
+    "GeneralizedIntersectionOverUnion",
+    "DistanceIntersectionOverUnion",
+    "CompleteIntersectionOverUnion",
+)
+IOU_SETTINGS = ({}, {"iou_threshold": 0.2, "class_metrics": True}, {"respect_labels": False, "box_format": "xywh"})
+
+
+def _box_batches(seed: int, images: int = 3) -> list[tuple[list[dict[str, Tensor]], list[dict[str, Tensor]]]]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def boxes(n: int) -> Tensor:
+        corner = torch.rand(n, 2, generator=gen) * 10
+        return torch.cat([corner, corner + 1 + torch.rand(n, 2, generator=gen) * 6], dim=-1)
+
+    def labels(n: int) -> Tensor:
+        return torch.randint(0, 3, (n,), generator=gen)
+
+    out = []
+    for _ in range(2):
+        preds = [
+            {"boxes": boxes(4), "scores": torch.rand(4, generator=gen), "labels": labels(4)} for _ in range(images)
+        ]
+        target = [{"boxes": boxes(3), "labels": labels(3)} for _ in range(images)]
+        out.append((preds, target))
+    return out
+
+
+def _iou_metric(name: str, **kwargs: Any) -> Any:
+    import torchmetrics.detection
+
+    return getattr(torchmetrics.detection, name)(**kwargs)
+
+
+def _iou_run(name: str, settings: dict[str, Any], data: list[Any]) -> list[dict[str, Tensor]]:
+    metric = _iou_metric(name, **settings)
+    out = [metric(preds, target) for preds, target in data]
+    out.append(metric.compute())
+    return out
+
+
+@needs_torchvision
+@pytest.mark.parametrize("path", PATHS)
+def test_iou_parity_with_stock(path: str) -> None:
+    """forward() per batch and compute(), every class and setting: stock's keys and dtypes; stock's values to the bit
+    on CPU, to the last bits on the device path (compute sums the valid entries in another order)."""
+    cases = [(name, settings) for name in IOU_CLASSES for settings in IOU_SETTINGS]
+    data = _box_batches(seed=1)
+    stock_out = [_iou_run(name, settings, data) for name, settings in cases]
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        patched_out = [_iou_run(name, settings, data) for name, settings in cases]
+    for case, expected, got in zip(cases, stock_out, patched_out):
+        for e, g in zip(expected, got):
+            assert list(g) == list(e), case
+            for key in e:
+                assert (g[key].dtype, g[key].shape) == (e[key].dtype, e[key].shape), (case, key)
+                rtol = 0.0 if path == "cpu" else 1e-6
+                torch.testing.assert_close(g[key], e[key], rtol=rtol, atol=0, msg=f"{case} {key}")
+
+
+@needs_torchvision
+@pytest.mark.parametrize("name", IOU_CLASSES)
+def test_iou_update_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
+    """No would-be sync in update, forward and compute; with ``class_metrics`` compute reads the classes once."""
+    (preds, target), second = _box_batches(seed=2)
+    metric, per_class = _iou_metric(name, iou_threshold=0.2), _iou_metric(name, class_metrics=True)
+    with SyncProbe() as probe:
+        metric.update(preds, target)
+        metric(*second)
+        metric.compute()
+        per_class.update(preds, target)
+    assert probe.count == 0, probe.events
+    with SyncProbe() as probe:
+        per_class.compute()
+    assert probe.count == 1, probe.events
+
+
+@needs_torchvision
+def test_iou_stock_syncs_and_launches() -> None:
+    """Stock's boolean mask write per image (and the threshold's); the device path launches no more kernels."""
+    preds, target = _box_batches(seed=3)[0]
+    with SyncProbe() as probe:
+        _iou_metric("IntersectionOverUnion", iou_threshold=0.2).update(preds, target)
+    assert probe.count == 2 * len(preds), probe.events
+    with _device_path():
+        stock_launches = count_launches(_iou_metric("IntersectionOverUnion", iou_threshold=0.2).update, preds, target)
+        with torchmetrics_syncfree.patched():
+            metric = _iou_metric("IntersectionOverUnion", iou_threshold=0.2)
+            patched_launches = count_launches(metric.update, preds, target)
+    assert patched_launches[0] <= stock_launches[0], (patched_launches, stock_launches)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("path", PATHS)
+def test_iou_functional_parity(path: str) -> None:
+    from torchmetrics.functional.detection import complete_intersection_over_union, intersection_over_union
+
+    preds, target = _box_batches(seed=4)[0]
+    boxes = preds[0]["boxes"], target[0]["boxes"]
+
+    def run() -> list[Tensor]:
+        return [
+            fn(*boxes, iou_threshold=0.2, aggregate=False)
+            for fn in (intersection_over_union, complete_intersection_over_union)
+        ]
+
+    expected = run()
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext() as probe:
+        got = run()
+    assert probe is None or probe.count == 0
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)

@@ -82,6 +82,7 @@ register_area(
     "torchmetrics_syncfree.segmentation.hausdorff_distance",
     requires=("metric", "classification", "generalized_dice"),
 )
+register_area("detection_iou", "torchmetrics_syncfree.detection.iou", requires=("metric",))
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
 # issue 28: RetrievalPrecisionRecallCurve, RetrievalRecallAtFixedPrecision

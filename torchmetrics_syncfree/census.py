@@ -231,6 +231,16 @@ _OTHER_SPECS = [
         ClassSpec(name, f"{name}(things={{0, 1}}, stuffs={{2}})", "panoptic")
         for name in ("PanopticQuality", "ModifiedPanopticQuality")
     ),
+    # (torchvision) boxes: BATCH images of 4 predicted and 3 true boxes
+    *(
+        ClassSpec(name, f"{name}()", "boxes")
+        for name in (
+            "IntersectionOverUnion",
+            "GeneralizedIntersectionOverUnion",
+            "DistanceIntersectionOverUnion",
+            "CompleteIntersectionOverUnion",
+        )
+    ),
     # image
     ClassSpec("SpectralDistortionIndex", "SpectralDistortionIndex()", "image"),
     ClassSpec("SpatialDistortionIndex", "SpatialDistortionIndex()", "pansharpening"),
@@ -347,6 +357,15 @@ def make_inputs(kind: str, metric: Any, device: torch.device, seed: int = 0) -> 
             return torch.stack([randint(3, BATCH, 8, 8), randint(3, BATCH, 8, 8)], dim=-1)
 
         return (panoptic(), panoptic()), {}
+    if kind == "boxes":  # per image: 4 predicted and 3 true xyxy boxes of NUM_CLASSES labels in a 16-pixel image
+
+        def boxes(n: int) -> torch.Tensor:
+            corner = rand(n, 2) * side
+            return torch.cat([corner, corner + 1 + rand(n, 2) * side / 2], dim=-1)
+
+        preds = [{"boxes": boxes(4), "scores": rand(4), "labels": randint(NUM_CLASSES, 4)} for _ in range(BATCH)]
+        target = [{"boxes": boxes(3), "labels": randint(NUM_CLASSES, 3)} for _ in range(BATCH)]
+        return (preds, target), {}
     if kind in ("image", "gray", "one-image", "large-image", "uint8-image"):
         channels = 1 if kind == "gray" else audit.CHANNELS
         size = 48 if kind == "large-image" else side  # VisualInformationFidelity needs 41 pixels

@@ -1,0 +1,1 @@
+"""Sync-free ``torchmetrics.detection``: the box IoU metrics (area ``detection_iou``)."""
