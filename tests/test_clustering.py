@@ -204,3 +204,31 @@ def test_public_helpers() -> None:
         assert torch.equal(value, stock)
     for value, stock in zip(got_entropies, entropies):
         torch.testing.assert_close(value, stock, rtol=RTOL, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+def test_cuda_one_sync_per_compute_and_forward_and_stocks_values() -> None:
+    """On a GPU (the real syncs, counted by CUDA's sync debug mode): update never syncs, forward and compute once;
+    the values are stock's on the same GPU (within the documented float32 rounding)."""
+    for name in ALL:
+        data = [(first.cuda(), second.cuda()) for first, second in _batches(name)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stock = getattr(clustering, name)().cuda()
+            stock.update(*data[0])
+            expected = [stock(*batch) for batch in data[1:]]
+            expected.append(stock.compute())
+            with torchmetrics_syncfree.patched():
+                metric = getattr(clustering, name)().cuda()
+                torch.cuda.synchronize()
+                with SyncProbe(device="cuda") as update:
+                    metric.update(*data[0])
+                with SyncProbe(device="cuda") as forward:
+                    got = [metric(*batch) for batch in data[1:]]
+                with SyncProbe(device="cuda") as compute:
+                    got.append(metric.compute())
+        assert (update.count, forward.count, compute.count) == (0, len(data) - 1, 1), name
+        for value, reference in zip(got, expected):
+            assert value.dtype == reference.dtype, name
+            torch.testing.assert_close(value, reference, rtol=_rtol(name), atol=1e-7, msg=name)
