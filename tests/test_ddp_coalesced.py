@@ -482,7 +482,7 @@ def _rank_groups(rank: int, group: Any, user_groups: bool, copy_on_rank0: bool) 
         compute_groups=[["lo", "f1"]] if user_groups else True,
     )
     first = torch.tensor([0.1, 0.9, 0.2, 0.8]) if rank == 0 else torch.tensor([0.6, 0.9, 0.2, 0.65])
-    collection.update(first, torch.tensor([0, 1, 1, 0]))
+    collection.update(first, torch.tensor([1, 1, 1, 0]))  # rank 1: `tp` differs (1.6.1 compares only it)
     collection.update(torch.tensor([0.55, 0.3, 0.75, 0.62]), torch.tensor([1, 0, 1, 1]))
     if copy_on_rank0 and rank == 0:
         _ = collection["lo"]  # copies the group's states, on this rank only

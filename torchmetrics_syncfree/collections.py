@@ -226,6 +226,10 @@ def _compute_and_reduce(self: Any, method_name: str, *args: Any, **kwargs: Any) 
             return stock(_TARGET)(self, method_name, *args, **kwargs)
         return _reduced_results(self, _forward_members(self, args, kwargs))
     synced = _presync(self)
+    if synced:
+        # the members hold their own synced states now: stock's loop must not link a compute group's members to
+        # the first one's (which would give them its synced states: wrong where the ranks formed other groups)
+        self._state_is_copy = True
     completed = False
     try:
         counts = _deferred.take_pending_many([metric for metric, _ in synced])
@@ -245,3 +249,5 @@ def _compute_and_reduce(self: Any, method_name: str, *args: Any, **kwargs: Any) 
         return result
     finally:
         _restore(synced, completed)
+        if synced and completed:
+            self._compute_groups_create_state_ref()  # linked again as stock's are after its members computed
