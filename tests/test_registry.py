@@ -427,6 +427,35 @@ def _example_metrics() -> list[Any]:
         RetrievalMRR(),  # the retrieval base class's __init__, update and compute
         RetrievalFallOut(),  # its own compute
         *_fixed_point_metrics(),
+        *_calibration_fairness_ranking_metrics(),
+        *_nominal_metrics(),
+    ]
+
+
+def _nominal_metrics() -> list[Any]:
+    """One metric of each nominal class (areas ``cramers``, ``tschuprows``, ``pearsons_contingency``, ``theils_u``)."""
+    from torchmetrics import nominal
+
+    return [
+        nominal.CramersV(num_classes=3),
+        nominal.TschuprowsT(num_classes=3),
+        nominal.PearsonsContingencyCoefficient(num_classes=3),
+        nominal.TheilsU(num_classes=3),
+    ]
+
+
+def _calibration_fairness_ranking_metrics() -> list[Any]:
+    """One metric of each class of the areas ``calibration_error``, ``group_fairness`` and ``ranking`` (issue 28)."""
+    from torchmetrics import classification
+
+    return [
+        classification.BinaryCalibrationError(),
+        classification.MulticlassCalibrationError(num_classes=3),
+        classification.BinaryFairness(num_groups=2),
+        classification.BinaryGroupStatRates(num_groups=2),
+        classification.MultilabelCoverageError(num_labels=3),
+        classification.MultilabelRankingAveragePrecision(num_labels=3),
+        classification.MultilabelRankingLoss(num_labels=3),
     ]
 
 
@@ -458,6 +487,7 @@ def _regression_metrics() -> list[Any]:
     from torchmetrics.regression import (
         ConcordanceCorrCoef,
         ExplainedVariance,
+        LogCoshError,
         PearsonCorrCoef,
         R2Score,
         SpearmanCorrCoef,
@@ -473,6 +503,7 @@ def _regression_metrics() -> list[Any]:
             SpearmanCorrCoef(),
             ConcordanceCorrCoef(),  # its own compute (issue 28)
             TweedieDevianceScore(power=1.5),  # __init__ and update (issue 28)
+            LogCoshError(),  # update (issue 28)
         ]
 
 

@@ -3,16 +3,19 @@
 ==================================================  ===========================================================
 stock                                                sync-free (device path)
 ==================================================  ===========================================================
-``torch.tensor(target.shape[0], device=...)``: a     ``torch.full((), target.shape[0], ...)``: the same int64
-host-to-device copy of the batch's count             0-dim count, filled on the device (one launch, as the copy)
+``torch.tensor(target.shape[0], device=...)``: a     the metric adds the count to its state as a number (one
+host-to-device copy of the batch's count             launch, the copy's saved); the functional's count by
+                                                     ``torch.full`` (one launch, as the copy)
 ==================================================  ===========================================================
 
-Replaced is ``_log_cosh_error_update`` (every TorchMetrics module's reference to it: the metric's update and the
-functional ``log_cosh_error``); where host reads are free (CPU) it is stock's. On the device path the sum is stock's
-expression, so the values are stock's to the bit. ``compute`` reads nothing (a division) and stays stock's.
+Replaced are the metric's ``update`` and ``_log_cosh_error_update`` (every TorchMetrics module's reference to it:
+the functional ``log_cosh_error``); where host reads are free (CPU) they are stock's. On the device path the sum is
+stock's expression, so the values are stock's to the bit. ``compute`` reads nothing (a division) and stays stock's.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,6 +26,7 @@ from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.regression.log_cosh"
+_MODULE = "torchmetrics.regression.log_cosh"
 
 
 def count_of(size: int, like: Tensor) -> Tensor:
@@ -30,15 +34,29 @@ def count_of(size: int, like: Tensor) -> Tensor:
     return torch.full((), size, dtype=torch.int64, device=like.device)
 
 
-@replaces(f"{_FUNCTIONAL}._log_cosh_error_update", params=("preds", "target", "num_outputs"), everywhere=True)
-def _log_cosh_error_update(preds: Tensor, target: Tensor, num_outputs: int) -> tuple[Tensor, Tensor]:
-    """Stock's ``_log_cosh_error_update`` where reads are free; otherwise the same values, the count filled."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._log_cosh_error_update")(preds, target, num_outputs)
+def _sum(preds: Tensor, target: Tensor, num_outputs: int) -> Tensor:
+    """Stock's checks and summed LogCosh error of ``_log_cosh_error_update``."""
     _check_same_shape(preds, target)
     _check_data_shape_to_num_outputs(preds, target, num_outputs)
     if preds.ndim != 2:  # stock's ``_unsqueeze_tensors``
         preds, target = preds.unsqueeze(1), target.unsqueeze(1)
     diff = preds - target
-    sum_log_cosh_error = torch.log((torch.exp(diff) + torch.exp(-diff)) / 2).sum(0).squeeze()
-    return sum_log_cosh_error, count_of(target.shape[0], preds)
+    return torch.log((torch.exp(diff) + torch.exp(-diff)) / 2).sum(0).squeeze()
+
+
+@replaces(f"{_FUNCTIONAL}._log_cosh_error_update", params=("preds", "target", "num_outputs"), everywhere=True)
+def _log_cosh_error_update(preds: Tensor, target: Tensor, num_outputs: int) -> tuple[Tensor, Tensor]:
+    """Stock's ``_log_cosh_error_update`` where reads are free; otherwise the same values, the count filled."""
+    if _deferred.reads_are_free(preds):
+        return stock(f"{_FUNCTIONAL}._log_cosh_error_update")(preds, target, num_outputs)
+    return _sum(preds, target, num_outputs), count_of(target.shape[0], preds)
+
+
+@replaces(f"{_MODULE}.LogCoshError.update", params=("self", "preds", "target"), kind="metric_method")
+def _update(self: Any, preds: Tensor, target: Tensor) -> None:
+    """Stock's update where reads are free; otherwise the count added as a number (no tensor made for it)."""
+    if _deferred.reads_are_free(preds):
+        stock(f"{_MODULE}.LogCoshError.update")(self, preds, target)
+        return
+    self.sum_log_cosh_error += _sum(preds, target, self.num_outputs)
+    self.total += target.shape[0]

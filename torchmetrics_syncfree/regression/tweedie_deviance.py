@@ -3,8 +3,8 @@
 ==================================================  ===========================================================
 stock                                                sync-free (device path)
 ==================================================  ===========================================================
-``torch.tensor(torch.numel(score), device=...)``:    ``torch.full``: the same int64 0-dim count, filled on the
-a host-to-device copy of the count                   device
+``torch.tensor(torch.numel(score), device=...)``:    the count added to the state as a number (and, where
+a host-to-device copy of the count                   the batch is left out, taken away again by the flag)
 ``if torch.any(preds <= 0) or torch.any(...):        the same condition as one 0-dim flag, filed as a deferred
 raise ValueError(...)`` (powers other than 0)        error of the metric (stock's type and text, which names the
                                                      power); the offending batch adds nothing to the states
@@ -29,7 +29,6 @@ from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree.regression.log_cosh import count_of
 
 _MODULE = "torchmetrics.regression.tweedie_deviance"
 
@@ -118,13 +117,16 @@ def _update(self: Any, preds: Tensor, targets: Tensor) -> None:
         raise ValueError(f"Deviance Score is not defined for power={power}.")
     deviance_score = _deviance(preds, targets, power)
     sum_deviance_score = torch.sum(deviance_score)
-    count = count_of(torch.numel(deviance_score), preds)
     invalid = _invalid(preds, targets, power)
+    left_out = False
     if invalid is not None:
         _deferred.keep_kinds(self, _kinds(self))  # ``power`` may have been set after ``__init__``
-        if _deferred.record(self, power_check(power), invalid):  # stock raised: the batch is left out
-            sum_deviance_score = torch.where(invalid, 0.0, sum_deviance_score)
-            count = torch.where(invalid, 0, count)
+        left_out = _deferred.record(self, power_check(power), invalid)  # stock raised: the batch is left out
+        if left_out:
+            sum_deviance_score = sum_deviance_score.masked_fill(invalid, 0.0)
     self.sum_deviance_score += sum_deviance_score
-    self.num_observations += count
+    # the count as a number: no tensor made for it (stock's host-to-device copy)
+    self.num_observations += torch.numel(deviance_score)
+    if left_out:
+        self.num_observations.add_(invalid, alpha=-torch.numel(deviance_score))
     _deferred.sweep(self)
