@@ -49,21 +49,29 @@ def takes_stock(labels: Tensor) -> bool:
     return _deferred.reads_are_free(labels) or labels.ndim != 1 or labels.numel() == 0
 
 
+def _group_ids(values: Tensor) -> Tensor:
+    """0-based group ids of sorted values: a running count of the places where a value differs from its predecessor."""
+    steps = (values[1:] != values[:-1]).cumsum(0)
+    return torch.cat([steps.new_zeros(1), steps])
+
+
 def dense_labels(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Stock's ``torch.unique(x, return_inverse=True)[1]`` without a data-sized output, and the number of labels.
+    """Stock's ``torch.unique(x, return_inverse=True)[1]`` without a data-sized output, and the largest label.
 
     Returns the labels renumbered 0..k-1 in the order of their values (int64, ``x``'s shape; ``x`` is 1-d and not
-    empty) and k as a 1-element int64 tensor (on the device, not read).
+    empty) and k - 1 as a 1-element int64 tensor (on the device, not read: the caller adds 1 after its one read).
     """
     values, order = x.sort()
-    steps = (values[1:] != values[:-1]).cumsum(0)
-    group = torch.cat([steps.new_zeros(1), steps])
-    return torch.empty_like(group).scatter_(0, order, group), group[-1:] + 1
+    group = _group_ids(values)
+    return torch.empty_like(group).scatter_(0, order, group), group[-1:]
 
 
-def label_counts(labels: Tensor) -> Tensor:
-    """The number of samples of each dense label, in a table of one slot per sample (int64; empty slots are 0)."""
-    return torch.zeros_like(labels).index_add_(0, labels, torch.ones_like(labels))
+def label_counts(labels: Tensor, ones: Tensor | None = None) -> Tensor:
+    """The number of samples of each dense label, in a table of one slot per sample (int64; empty slots are 0).
+
+    ``ones``: int64 ones of ``labels``' shape, when the caller has them (one launch fewer).
+    """
+    return torch.zeros_like(labels).index_add_(0, labels, torch.ones_like(labels) if ones is None else ones)
 
 
 def entropy_of_counts(counts: Tensor) -> Tensor:
@@ -115,19 +123,19 @@ def label_pairs(
     tables) to that read.
     """
     n = preds.numel()
-    preds_labels, num_preds = dense_labels(preds)
-    target_labels, num_target = dense_labels(target)
+    preds_labels, last_preds = dense_labels(preds)
+    target_labels, last_target = dense_labels(target)
     keys, _ = (target_labels * n + preds_labels).sort()
-    steps = (keys[1:] != keys[:-1]).cumsum(0)
-    cell = torch.cat([steps.new_zeros(1), steps])
-    cells = label_counts(cell)
+    cell = _group_ids(keys)
+    ones = torch.ones_like(keys)
+    cells = label_counts(cell, ones)
     # every key of a cell is the same: the scatter writes equal values
     cell_keys = torch.zeros_like(keys).scatter_(0, cell, keys)
-    target_counts, preds_counts = label_counts(target_labels), label_counts(preds_labels)
+    target_counts, preds_counts = label_counts(target_labels, ones), label_counts(preds_labels, ones)
     added = [] if extra is None else extra(target_counts, preds_counts)
-    # the one host read of the call: every data-sized shape at once
-    sizes = torch.cat([num_target, num_preds, cell[-1:] + 1, *added]).tolist()
-    num_target_clusters, num_preds_clusters, occupied = sizes[:3]
+    # the one host read of the call: every data-sized shape at once (the largest labels: counts less one)
+    sizes = torch.cat([last_target, last_preds, cell[-1:], *added]).tolist()
+    num_target_clusters, num_preds_clusters, occupied = (size + 1 for size in sizes[:3])
     cell_keys = cell_keys[:occupied]
     return LabelPairs(
         n=n,
@@ -181,9 +189,9 @@ def calculate_contingency_matrix(
         return stock(f"{_FUNCTIONAL}.calculate_contingency_matrix")(preds, target, eps, sparse)
     if eps is not None and sparse is True:
         raise ValueError("Cannot specify `eps` and return sparse tensor.")
-    preds_labels, num_preds = dense_labels(preds)
-    target_labels, num_target = dense_labels(target)
-    shape = tuple(torch.cat([num_target, num_preds]).tolist())  # the one host read
+    preds_labels, last_preds = dense_labels(preds)
+    target_labels, last_target = dense_labels(target)
+    shape = tuple(size + 1 for size in torch.cat([last_target, last_preds]).tolist())  # the one host read
     ones = torch.ones_like(target_labels)
     if sparse:
         return torch.sparse_coo_tensor(torch.stack((target_labels, preds_labels)), ones, shape)
@@ -199,8 +207,8 @@ def clusters(labels: Tensor) -> tuple[Tensor, Tensor, int]:
 
     One host read (the number of clusters); ``labels`` is 1-d and not empty.
     """
-    dense, num = dense_labels(labels)
-    num_labels = int(num.tolist()[0])  # the one host read
+    dense, last = dense_labels(labels)
+    num_labels = int(last.tolist()[0]) + 1  # the one host read
     return dense, label_counts(dense)[:num_labels], num_labels
 
 
