@@ -246,3 +246,30 @@ def test_updates_and_kendall_compute_trace_without_a_graph_break() -> None:
         explanation = torch._dynamo.explain(kendall.compute)()
         assert graph_breaks(explanation) == []
     torch._dynamo.reset()
+
+
+def test_kendall_ties_and_distinct_counts_equal_stocks_for_random_ties() -> None:
+    """A seeded sweep (sizes, tie structures, outputs): the device path's tie statistics equal stock's ``_get_ties``
+    (ties to the bit; ``ties_p1``/``ties_p2`` too while tie groups stay below ~250) and its distinct counts equal
+    stock's ``unique``."""
+    from torchmetrics.functional.regression import kendall
+
+    from torchmetrics_syncfree.regression.kendall import _distinct, _get_ties
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        n = int(torch.randint(1, 200, (), generator=gen))
+        outputs = int(torch.randint(1, 4, (), generator=gen))
+        distinct = int(torch.randint(1, n + 1, (), generator=gen))
+        values = torch.randint(0, distinct, (n, outputs), generator=gen).float() / 3
+        ranks = kendall._convert_sequence_to_dense_rank(values, sort=True)
+        expected = kendall._get_ties(ranks)
+        with SyncProbe() as probe:
+            got = _get_ties(ranks)
+            count = _distinct(values)
+        assert probe.count == 0
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+        unique = torch.tensor([len(column.unique()) for column in values.T], dtype=values.dtype)
+        torch.testing.assert_close(count, unique, rtol=0, atol=0)
