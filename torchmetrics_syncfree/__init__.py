@@ -60,6 +60,16 @@ register_area(
     requires=("metric", "precision_recall_curve"),
 )
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
+# issue 28: CalibrationError, BinaryFairness/BinaryGroupStatRates, the multilabel ranking metrics
+register_area(
+    "calibration_error",
+    "torchmetrics_syncfree.classification.calibration_error",
+    requires=("metric", "confusion_matrix"),
+)
+register_area(
+    "group_fairness", "torchmetrics_syncfree.classification.group_fairness", requires=("metric", "classification")
+)
+register_area("ranking", "torchmetrics_syncfree.classification.ranking", requires=("metric", "confusion_matrix"))
 register_area("r2", "torchmetrics_syncfree.regression.r2", requires=("metric",))
 register_area("explained_variance", "torchmetrics_syncfree.regression.explained_variance", requires=("metric",))
 register_area("pearson", "torchmetrics_syncfree.regression.pearson", requires=("metric",))
