@@ -255,6 +255,11 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
     "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
     " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
+    **{
+        area: "issue 28: the image metrics' host copies, index tensors and masked writes are layer-only; their series"
+        " patch is not written yet"
+        for area in ("psnrb", "ssim", "vif", "rase", "scc")
+    },
     "retrieval_precision_recall_curve": "issue 28: RetrievalPrecisionRecallCurve's update/compute and"
     " RetrievalRecallAtFixedPrecision's fixed-shape choice are layer-only; their series patch is not written yet",
     "log_cosh": "issue 28: LogCoshError's count filled on the device; layer-only, its series patch is not written yet",

@@ -429,7 +429,15 @@ def _example_metrics() -> list[Any]:
         *_fixed_point_metrics(),
         *_calibration_fairness_ranking_metrics(),
         *_nominal_metrics(),
+        *_image_metrics(),
     ]
+
+
+def _image_metrics() -> list[Any]:
+    """The image metrics whose methods the registry patches (area ``ssim``)."""
+    from torchmetrics.image import MultiScaleStructuralSimilarityIndexMeasure
+
+    return [MultiScaleStructuralSimilarityIndexMeasure()]
 
 
 def _nominal_metrics() -> list[Any]:

@@ -107,6 +107,12 @@ register_area("clustering", "torchmetrics_syncfree.clustering", requires=("metri
 register_area("collections", "torchmetrics_syncfree.collections", requires=("metric", "distributed"))
 # issue 28: the wrappers' internal resets and computes of the metrics they wrap read no check counters
 register_area("wrapper_checks", "torchmetrics_syncfree.wrappers.checks", requires=("metric",))
+# issue 28: the image metrics' host copies, index tensors and masked writes (one area per upstream module)
+register_area("psnrb", "torchmetrics_syncfree.image.psnrb", requires=("metric",))
+register_area("ssim", "torchmetrics_syncfree.image.ssim", requires=("metric",))
+register_area("vif", "torchmetrics_syncfree.image.vif", requires=("metric",))
+register_area("rase", "torchmetrics_syncfree.image.rase", requires=("metric",))
+register_area("scc", "torchmetrics_syncfree.image.scc", requires=("metric",))
 
 __all__ = [
     "FORCE_ENV_VAR",

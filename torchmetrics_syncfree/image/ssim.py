@@ -1,0 +1,196 @@
+"""Sync-free ``torchmetrics.image.ssim``: MultiScaleStructuralSimilarityIndexMeasure, StructuralSimilarityIndexMeasure.
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``_multiscale_ssim_update``: ``torch.tensor(betas,   the same ``(len(betas), 1)`` tensor made on the device: one
+device=...)``, a host-to-device copy per call        fill, plus one per exponent that differs from the most
+                                                     frequent (the default five: five launches, no copy)
+``MultiScaleStructuralSimilarityIndexMeasure.        ``self.total += preds.shape[0]``: a Python number, as 1.6
+update`` (1.7+): ``self.total +=                     adds it
+torch.tensor(preds.shape[0], device=...)``
+``_ssim_update`` (both metrics): without a          ``torch.maximum`` of the same two ranges, a tensor on the
+``data_range`` (the default), ``max(preds.max() -    device
+preds.min(), target.max() - target.min())``: Python
+``max`` reads ``b > a`` (one read per call, one per
+scale in MS-SSIM)
+``_ssim_update`` with ``gaussian_kernel=False``:     not changed yet: still a copy per call (per scale)
+``torch.tensor(kernel_size, device=...)``
+==================================================  ===========================================================
+
+StructuralSimilarityIndexMeasure shares ``_ssim_update``: with its default ``data_range=None`` it read the images'
+range on the host; with a ``data_range`` it makes no copy. Documented deviation: where one image range is NaN
+(images holding NaN), ``torch.maximum`` gives NaN where Python's ``max`` may give the other range; the similarity of
+such images is NaN either way. Where reads are free (CPU) the helper and
+the update are stock's, so CPU results are stock's to the bit. On the device path the values are stock's to the bit
+too: the exponents are the same values in the same dtype (``torch.tensor``'s: the default float dtype), raised with
+the same tensor ``pow``, and the count adds the same number. Exponents that are not Python numbers (tensors, complex)
+take stock's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.functional.image.ssim import _get_normalized_sim_and_cs, _ssim_check_inputs
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree.image import made_on_device
+
+_FUNCTIONAL = "torchmetrics.functional.image.ssim"
+_CLASS = "torchmetrics.image.ssim.MultiScaleStructuralSimilarityIndexMeasure"
+
+
+def _dtype_of(values: Sequence[Any]) -> torch.dtype | None:
+    """The dtype ``torch.tensor(values)`` gives Python numbers; None for anything else."""
+    if not all(isinstance(v, (bool, int, float)) for v in values):
+        return None
+    if any(isinstance(v, float) for v in values):
+        return torch.get_default_dtype()
+    return torch.bool if all(isinstance(v, bool) for v in values) else torch.int64
+
+
+@replaces(
+    f"{_FUNCTIONAL}._ssim_update",
+    params=(
+        *("preds", "target", "gaussian_kernel", "sigma", "kernel_size", "data_range", "k1", "k2"),
+        *("return_full_image", "return_contrast_sensitivity"),
+    ),
+    everywhere=True,
+)
+def _ssim_update(
+    preds: Tensor,
+    target: Tensor,
+    gaussian_kernel: bool = True,
+    sigma: float | Sequence[float] = 1.5,
+    kernel_size: int | Sequence[int] = 11,
+    data_range: float | tuple[float, float] | Tensor | None = None,
+    k1: float = 0.01,
+    k2: float = 0.03,
+    return_full_image: bool = False,
+    return_contrast_sensitivity: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Stock's similarity; without a ``data_range``, the images' range as ``torch.maximum``, not Python's ``max``."""
+    if data_range is None and preds.numel() and target.numel() and not _deferred.reads_are_free(preds):
+        data_range = torch.maximum(preds.max() - preds.min(), target.max() - target.min())
+    return stock(f"{_FUNCTIONAL}._ssim_update")(
+        preds,
+        target,
+        gaussian_kernel,
+        sigma,
+        kernel_size,
+        data_range,
+        k1,
+        k2,
+        return_full_image,
+        return_contrast_sensitivity,
+    )
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiscale_ssim_update",
+    params=(
+        *("preds", "target", "gaussian_kernel", "sigma", "kernel_size"),
+        *("data_range", "k1", "k2", "betas", "normalize"),
+    ),
+    everywhere=True,
+)
+def _multiscale_ssim_update(
+    preds: Tensor,
+    target: Tensor,
+    gaussian_kernel: bool = True,
+    sigma: float | Sequence[float] = 1.5,
+    kernel_size: int | Sequence[int] = 11,
+    data_range: float | tuple[float, float] | None = None,
+    k1: float = 0.01,
+    k2: float = 0.03,
+    betas: tuple[float, ...] = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333),
+    normalize: str | None = None,
+) -> Tensor:
+    """Stock's multi-scale similarity; the exponents made on the device instead of copied there."""
+    dtype = _dtype_of(betas) if isinstance(betas, Sequence) else None
+    if _deferred.reads_are_free(preds) or dtype is None or not betas:
+        return stock(f"{_FUNCTIONAL}._multiscale_ssim_update")(
+            preds, target, gaussian_kernel, sigma, kernel_size, data_range, k1, k2, betas, normalize
+        )
+    mcs_list: list[Tensor] = []
+    is_3d = preds.ndim == 5
+    if not isinstance(kernel_size, Sequence):
+        kernel_size = 3 * [kernel_size] if is_3d else 2 * [kernel_size]
+    if not isinstance(sigma, Sequence):
+        sigma = 3 * [sigma] if is_3d else 2 * [sigma]
+
+    if preds.size()[-1] < 2 ** len(betas) or preds.size()[-2] < 2 ** len(betas):
+        raise ValueError(
+            f"For a given number of `betas` parameters {len(betas)}, the image height and width dimensions must be"
+            f" larger than or equal to {2 ** len(betas)}."
+        )
+    _betas_div = max(1, (len(betas) - 1)) ** 2
+    if preds.size()[-2] // _betas_div <= kernel_size[0] - 1:
+        raise ValueError(
+            f"For a given number of `betas` parameters {len(betas)} and kernel size {kernel_size[0]},"
+            f" the image height must be larger than {(kernel_size[0] - 1) * _betas_div}."
+        )
+    if preds.size()[-1] // _betas_div <= kernel_size[1] - 1:
+        raise ValueError(
+            f"For a given number of `betas` parameters {len(betas)} and kernel size {kernel_size[1]},"
+            f" the image width must be larger than {(kernel_size[1] - 1) * _betas_div}."
+        )
+
+    for _ in range(len(betas)):
+        sim, contrast_sensitivity = _get_normalized_sim_and_cs(
+            preds, target, gaussian_kernel, sigma, kernel_size, data_range, k1, k2, normalize=normalize
+        )
+        mcs_list.append(contrast_sensitivity)
+        if len(kernel_size) == 2:
+            preds = F.avg_pool2d(preds, (2, 2))
+            target = F.avg_pool2d(target, (2, 2))
+        elif len(kernel_size) == 3:
+            preds = F.avg_pool3d(preds, (2, 2, 2))
+            target = F.avg_pool3d(target, (2, 2, 2))
+        else:
+            raise ValueError("length of kernel_size is neither 2 nor 3")
+
+    mcs_list[-1] = sim
+    mcs_stack = torch.stack(mcs_list)
+    if normalize == "simple":
+        mcs_stack = (mcs_stack + 1) / 2
+    exponents = made_on_device(betas, (len(betas), 1), dtype, mcs_stack.device)
+    return torch.prod(mcs_stack**exponents, axis=0)  # type: ignore[call-overload]
+
+
+@replaces(f"{_CLASS}.update", params=("self", "preds", "target"), kind="metric_method")
+def _ms_ssim_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    """Stock's update; the image count added as a Python number, not copied to the device."""
+    if _deferred.reads_are_free(preds):
+        return stock(f"{_CLASS}.update")(self, preds, target)
+    preds, target = _ssim_check_inputs(preds, target)
+    similarity = _multiscale_ssim_update(
+        preds,
+        target,
+        self.gaussian_kernel,
+        self.sigma,
+        self.kernel_size,
+        self.data_range,
+        self.k1,
+        self.k2,
+        self.betas,
+        self.normalize,
+    )
+    if self.reduction in ("none", None):
+        if not isinstance(self.similarity, list):
+            raise TypeError("Expected `self.similarity` to be a list for reduction='none'.")
+        self.similarity.append(similarity)
+    else:
+        if not isinstance(self.similarity, Tensor):
+            raise TypeError("Expected `self.similarity` to be a Tensor for elementwise_mean or sum reduction.")
+        self.similarity += similarity.sum()
+    if not isinstance(self.total, Tensor):
+        raise TypeError("Expected `self.total` to be a Tensor.")
+    self.total += preds.shape[0]
+    return None
