@@ -273,3 +273,32 @@ def test_kendall_ties_and_distinct_counts_equal_stocks_for_random_ties() -> None
             torch.testing.assert_close(g, e, rtol=0, atol=0)
         unique = torch.tensor([len(column.unique()) for column in values.T], dtype=values.dtype)
         torch.testing.assert_close(count, unique, rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_merged_states_compute_as_stocks() -> None:
+    """merge_state of two metrics updated apart: stock's merged value on the device path, and a pending Tweedie error
+    travels with the merged counters (KendallRankCorrCoef has a full-state update: stock refuses to merge it)."""
+
+    def merged(name: str) -> torch.Tensor:
+        make, data = SYNC_FREE[name]
+        first, second = make(), make()
+        for i, (preds, target) in enumerate(data):
+            (first if i < 2 else second).update(preds, target)
+        first.merge_state(second)
+        return first.compute()
+
+    names = ("tweedie-1.5", "log-cosh")
+    expected = [merged(name) for name in names]
+    with torchmetrics_syncfree.patched(), SyncProbe():
+        got = [merged(name) for name in names]
+    for value, reference in zip(got, expected):
+        torch.testing.assert_close(value, reference, rtol=0, atol=0)
+    make, data = SYNC_FREE["tweedie-1.5"]
+    with torchmetrics_syncfree.patched(), SyncProbe(), _deferred.simulated_copy_delay(None):
+        first, second = make(), make()
+        first.update(*data[0])
+        second.update(-data[0][0], data[0][1])
+        first.merge_state(second)
+        with pytest.raises(ValueError, match=r"For power=1.5"):
+            first.compute()
