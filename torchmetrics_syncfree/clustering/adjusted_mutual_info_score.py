@@ -17,8 +17,10 @@ reads for 5 clusters of 32 samples)                  number is known from the re
 Where host reads are free (CPU) stock's function runs. On the device path every term of the expected mutual
 information is stock's to the bit, but stock adds them one by one in float32 and the grid sums them by
 ``torch.sum``: the expected mutual information (and so the score, whose numerator ``mi - emi`` may cancel) differs
-from stock's by float32 rounding (measured: absolute 1e-7 or less at a few hundred samples). The mutual information
-and the entropies are stock's to the bit. Empty inputs take stock's code.
+from stock's by float32 rounding. Measured over 40 random cases of 50-200 samples and 2-200 clusters: at most 5e-5
+absolute between stock and the device path, while each is up to 1e-4 away from scikit-learn's float64 value (scores
+near 0, where ``mi - emi`` cancels, are the worst). The mutual information and the entropies are stock's to the bit.
+Empty inputs take stock's code.
 """
 
 from __future__ import annotations
