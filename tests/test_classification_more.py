@@ -376,3 +376,36 @@ def test_functional_api_is_stocks() -> None:
     with torchmetrics_syncfree.patched():
         value = torchmetrics.functional.classification.multilabel_ranking_loss(preds, target, LABELS)
     torch.testing.assert_close(value, expected, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+@pytest.mark.parametrize("name", list(_all_metrics()))
+def test_cuda_never_syncs_and_matches_stock(name: str) -> None:
+    """On a GPU (``torch.cuda.set_sync_debug_mode("error")``): update and forward never synchronize, nor compute
+    where its output has a fixed shape (BinaryFairness' forward and compute read its keys once: its update only);
+    the values are stock's on the CPU."""
+    from tests._probing import syncs_are_errors
+
+    stock_metric, batch = _all_metrics()[name]
+    keyed = name == "BinaryFairness"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = [stock_metric(*batch), stock_metric.compute()]
+        with torchmetrics_syncfree.patched():
+            metric = _all_metrics()[name][0].cuda()
+            cuda_batch = tuple(x.cuda() for x in batch)
+            metric.update(*cuda_batch)  # first update and compute outside: allocations, lazy CUDA init
+            metric.compute()
+            metric.reset()
+            with syncs_are_errors():
+                got = [] if keyed else [metric(*cuda_batch), metric.compute()]
+                if keyed:
+                    metric.update(*cuda_batch)
+            if keyed:
+                got = [metric.compute()] * 2
+    for e, g in zip(expected, got):
+        if isinstance(e, dict):
+            assert sorted(e) == sorted(g)
+            e, g = torch.stack([e[k] for k in sorted(e)]), torch.stack([g[k] for k in sorted(g)])
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6)
