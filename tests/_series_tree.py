@@ -242,6 +242,11 @@ def _simulate_device(deferred: ModuleType) -> None:
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
 AREAS_WITHOUT_PATCHES: dict[str, str] = {
+    **dict.fromkeys(
+        ("cramers", "tschuprows", "pearsons_contingency", "theils_u"),
+        "issue 28: the nominal metrics' update/compute (fixed-size contingency counting, empty rows and columns"
+        " neutralised with torch.where, the bias-correction warning deferred) are layer-only; no series patch yet",
+    ),
     "calibration_error": "issue 28: CalibrationError's update/compute (deferred validation, ignored entries kept in the"
     " list state, l2's zero by torch.where) are layer-only; their series patch is not written yet",
     "group_fairness": "issue 28: BinaryGroupStatRates/BinaryFairness (fixed-size per-group counting, the groups' range"

@@ -107,6 +107,11 @@ register_area("clustering", "torchmetrics_syncfree.clustering", requires=("metri
 register_area("collections", "torchmetrics_syncfree.collections", requires=("metric", "distributed"))
 # issue 28: the wrappers' internal resets and computes of the metrics they wrap read no check counters
 register_area("wrapper_checks", "torchmetrics_syncfree.wrappers.checks", requires=("metric",))
+# issue 28: the nominal metrics (CramersV, TschuprowsT, PearsonsContingencyCoefficient, TheilsU), one area per module
+register_area("cramers", "torchmetrics_syncfree.nominal.cramers", requires=("metric", "classification"))
+register_area("tschuprows", "torchmetrics_syncfree.nominal.tschuprows", requires=("metric", "classification"))
+register_area("pearsons_contingency", "torchmetrics_syncfree.nominal.pearson", requires=("metric", "classification"))
+register_area("theils_u", "torchmetrics_syncfree.nominal.theils_u", requires=("metric", "classification"))
 # issue 28: the image metrics' host copies, index tensors and masked writes (one area per upstream module)
 register_area("psnrb", "torchmetrics_syncfree.image.psnrb", requires=("metric",))
 register_area("ssim", "torchmetrics_syncfree.image.ssim", requires=("metric",))

@@ -1,0 +1,55 @@
+"""Sync-free ``torchmetrics.nominal.cramers``: CramersV's update and compute (and so ``forward``).
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+update: ``bincount`` of ``target * C + preds``,      fixed-size counting into the table plus a sink cell
+``nan_strategy="drop"`` by boolean mask              (:mod:`~torchmetrics_syncfree.nominal.utils`)
+compute: empty rows and columns dropped (boolean     kept, their terms neutralised with ``torch.where``
+masks), ``if df == ...``
+``torch.tensor(0.0, device=...)`` in the bias        ``clamp_min(0.0)``: no host-to-device copy
+correction
+``if min(rows, cols) == 1: warn; return nan``        NaN selected with ``torch.where``; stock's warning filed as
+                                                     a deferred warning of the metric (one per such compute)
+==================================================  ===========================================================
+
+Replaced are the metric's ``__init__`` (its check counters), ``update`` and ``compute``; where host reads are free
+(CPU) both are stock's, so CPU results are stock's to the bit. On the device path the values are stock's to float
+tolerance (see :mod:`~torchmetrics_syncfree.nominal.utils`), NaN where stock's are; the warning comes at the
+metric's next eager point (the end of a ``forward``, the next ``compute()`` or ``reset()``). Pairs whose index
+``target * C + preds`` leaves the table (stock: ``RuntimeError`` from ``bincount`` or ``reshape``, and the batch is
+not counted) are not counted, the batch's other pairs are, and a ``RuntimeError`` with the project's message
+(``OUTSIDE_TABLE``) comes at the next eager point. The functional ``cramers_v`` finds its number of classes with
+``unique`` and stays stock's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchmetrics_syncfree.nominal.utils import (
+    OUTSIDE_TABLE,
+    bias_correction_check,
+    corrected_statistic,
+    declare_patches,
+)
+
+_MODULE = "torchmetrics.nominal.cramers"
+KINDS = (OUTSIDE_TABLE, bias_correction_check("Cramer's V"))
+
+
+def _compute(metric: Any) -> Tensor:
+    """Stock's ``_cramers_v_compute`` with fixed shapes, its warning filed with the metric."""
+    return corrected_statistic(metric, KINDS, torch.minimum)
+
+
+declare_patches(
+    __name__,
+    f"{_MODULE}.CramersV",
+    ("num_classes", "bias_correction", "nan_strategy", "nan_replace_value"),
+    KINDS,
+    _compute,
+)

@@ -1,0 +1,197 @@
+"""What the sync-free nominal metrics share, as upstream's ``torchmetrics.functional.nominal.utils``.
+
+CramersV, TschuprowsT, PearsonsContingencyCoefficient and TheilsU keep one ``(C, C)`` contingency table
+(``confmat``, rows: target, columns: preds) and compute their statistic from its non-empty rows and columns.
+
+==================================================  ===========================================================
+stock                                                sync-free (device path)
+==================================================  ===========================================================
+``nan_strategy="drop"``: ``preds[~nan_rows]``        the pairs with a NaN weigh 0 in the count (no boolean mask)
+(a data-dependent shape)
+``bincount(target * C + preds)`` (reads the          ``put_(accumulate=True)`` into ``C**2`` cells plus a sink
+input's max on CUDA); a negative index or one        cell for indices outside the table (upstream's mesh
+past ``C**2`` raises ``RuntimeError``                ``_bincount`` in deterministic mode, on MPS and with XLA,
+                                                     as stock); the sink's count is a deferred ``RuntimeError``
+                                                     of the metric (:data:`OUTSIDE_TABLE`)
+``confmat[confmat.sum(1) != 0]`` and the same for    every cell kept; the empty rows' and columns' terms are set
+columns (boolean masks)                              to 0 with ``torch.where``, their number is a device count
+``df = r * k - r - k + 1``; ``if df == 0``,          ``(r - 1) * (k - 1)`` on the device; both branches computed,
+``if df == 1 and bias_correction``                   stock's selected with ``torch.where``
+==================================================  ===========================================================
+
+The values equal stock's to float tolerance: a sum over the whole table, whose dropped cells add exact zeros, may
+round differently from stock's sum over the smaller table (relative 1e-6 in float32); every other operation is
+stock's, on the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics.utilities.data import _bincount
+
+from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree.classification.stat_scores import _mesh_counting, _put_counts
+
+#: stock's ``bincount`` (or the ``reshape`` after it) fails on an index outside the table: on the device path the
+#: pairs are not counted and this error comes at the metric's next eager point
+OUTSIDE_TABLE = _deferred.Check(
+    "nominal.outside-table",
+    "Detected pairs of `preds` and `target` whose index `target * num_classes + preds` falls outside the"
+    " contingency table (labels outside [0, num_classes)): those pairs were not counted.",
+    RuntimeError,
+)
+#: torch.bincount's error for an index that is not 1-d (stock's counting; raised before anything is read)
+_NOT_1D = "bincount only supports 1-d non-negative integral inputs."
+
+
+def bias_correction_check(metric_name: str) -> _deferred.Check:
+    """Stock's compute-time warning (``_unable_to_use_bias_correction_warning``) for ``metric_name``."""
+    key = f"nominal.bias-correction.{metric_name}"
+    known = _deferred._checks.get(key)
+    if known is None:
+        known = _deferred.Check(
+            key,
+            f"Unable to compute {metric_name} using bias correction. Please consider to set `bias_correction=False`.",
+            UserWarning,
+        )
+    return known
+
+
+def _long(labels: Tensor) -> Tensor:
+    return labels if labels.dtype == torch.long else labels.long()
+
+
+def add_contingency(metric: Any, preds: Tensor, target: Tensor, kinds: tuple[_deferred.Check, ...]) -> None:
+    """Stock's ``update`` of the four metrics on the device path: the batch's table added to ``confmat``.
+
+    Stock's index ``target * C + preds`` (int64, its wrap-around included) decides the cell, so a pred outside the
+    classes lands where stock's does; an index outside ``[0, C**2)``, where stock's ``bincount``/``reshape`` fails,
+    counts in a sink cell whose count is filed as :data:`OUTSIDE_TABLE` (``kinds``: the metric's checks).
+    """
+    num_classes = metric.num_classes
+    preds = preds.argmax(1) if preds.ndim == 2 else preds
+    target = target.argmax(1) if target.ndim == 2 else target
+    weights = None
+    if metric.nan_strategy == "replace":  # integer labels hold no NaN: stock's ``nan_to_num`` copies them unchanged
+        preds = preds.nan_to_num(metric.nan_replace_value) if preds.is_floating_point() else preds
+        target = target.nan_to_num(metric.nan_replace_value) if target.is_floating_point() else target
+    elif preds.is_floating_point() or target.is_floating_point():  # "drop": the pairs with a NaN weigh 0
+        weights = (preds.isnan() | target.isnan()).logical_not_().long()
+    cells = num_classes * num_classes
+    if preds.shape != target.shape:  # stock's expression: its broadcasting and its shape errors
+        index = _long(target) * num_classes + _long(preds)
+    else:  # the same int64 value in one op (``alpha`` multiplies ``target``)
+        index = _long(preds).add(_long(target), alpha=num_classes)
+    if _mesh_counting() or index.is_mps:  # stock's mesh: indices outside the table are not counted, nothing raises
+        if weights is not None:
+            index = index.masked_fill(weights == 0, -1)
+        metric.confmat += _bincount(index.flatten(), minlength=cells).view(num_classes, num_classes)
+        return
+    if index.ndim != 1:
+        raise RuntimeError(_NOT_1D)
+    bins = _put_counts(index.clamp_(-1, cells), cells + 1, weights)  # -1 and C**2: the sink (``put_`` wraps -1)
+    _deferred.keep_kinds(metric, kinds, size=len(kinds))  # a metric made before the patch gets its counters here
+    _deferred.record(metric, OUTSIDE_TABLE, bins[cells])
+    metric.confmat += bins[:cells].view(num_classes, num_classes)
+    _deferred.sweep(metric)
+
+
+def chi_squared(confmat: Tensor, bias_correction: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stock's ``_compute_chi_squared`` of the table without its empty rows and columns, with fixed shapes.
+
+    Returns the statistic, the numbers of non-empty rows and columns (int64, as stock's ``confmat.shape`` would be
+    after dropping) and the table's sum.
+    """
+    rows, cols = confmat.sum(1), confmat.sum(0)
+    total = confmat.sum()
+    filled_rows, filled_cols = rows != 0, cols != 0
+    kept = filled_rows.unsqueeze(1) & filled_cols
+    num_rows, num_cols = filled_rows.sum(), filled_cols.sum()
+    expected = torch.einsum("r, c -> rc", rows, cols) / total
+    df = (num_rows - 1) * (num_cols - 1)
+    observed = confmat
+    if bias_correction:  # stock's Yates correction where df == 1 (its ``direction.abs()``, not ``diff.abs()``)
+        direction = (expected - confmat).sign()
+        corrected = confmat + direction * torch.minimum(0.5 * torch.ones_like(direction), direction.abs())
+        observed = torch.where(df == 1, corrected, confmat)
+    terms = (observed - expected) ** 2 / torch.where(kept, expected, 1)
+    statistic = torch.where(kept, terms, 0).sum()
+    return torch.where(df == 0, 0.0, statistic), num_rows, num_cols, total
+
+
+def bias_corrected(
+    phi_squared: Tensor, num_rows: Tensor, num_cols: Tensor, total: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stock's ``_compute_bias_corrected_values`` and its warning's condition (``min(rows, cols) == 1``).
+
+    Stock divides a Python int by a tensor, ``reciprocal() * int``: the same operations here, on device counts.
+    """
+    inverse = (total - 1).reciprocal()
+    phi_squared_corrected = (phi_squared - inverse * ((num_rows - 1) * (num_cols - 1))).clamp_min(0.0)
+    rows_corrected = num_rows - inverse * (num_rows - 1) ** 2
+    cols_corrected = num_cols - inverse * (num_cols - 1) ** 2
+    unable = torch.minimum(rows_corrected, cols_corrected) == 1
+    return phi_squared_corrected, rows_corrected, cols_corrected, unable
+
+
+def corrected_statistic(
+    metric: Any, kinds: tuple[_deferred.Check, ...], denominator: Callable[[Tensor, Tensor], Tensor]
+) -> Tensor:
+    """CramersV's and TschuprowsT's compute with fixed shapes: ``sqrt(phi2 / denominator(rows - 1, cols - 1))``.
+
+    With ``bias_correction``, stock's corrected values; where it cannot correct (``min(rows, cols) == 1``) stock
+    warns and returns NaN: the warning (``kinds[1]``) is filed with the metric, NaN selected with ``torch.where``.
+    """
+    chi2, num_rows, num_cols, total = chi_squared(metric.confmat, metric.bias_correction)
+    phi_squared = chi2 / total
+    if not metric.bias_correction:  # int64 counts, as stock's ``confmat.shape`` (TschuprowsT: its int64 tensors)
+        return torch.sqrt(phi_squared / denominator(num_rows - 1, num_cols - 1)).clamp(0.0, 1.0)
+    _deferred.keep_kinds(metric, kinds, size=len(kinds))
+    phi_squared_corrected, rows_corrected, cols_corrected, unable = bias_corrected(
+        phi_squared, num_rows, num_cols, total
+    )
+    value = torch.sqrt(phi_squared_corrected / denominator(rows_corrected - 1, cols_corrected - 1)).clamp(0.0, 1.0)
+    _deferred.record_in_compute(metric, kinds[1], unable)
+    return torch.where(unable, float("nan"), value)
+
+
+def declare_patches(
+    module: str,
+    cls: str,
+    init_params: tuple[str, ...],
+    kinds: tuple[_deferred.Check, ...],
+    device_compute: Callable[[Any], Tensor],
+) -> None:
+    """Declare the replacements of ``__init__``, ``update`` and ``compute`` of the class ``cls`` (a dotted path).
+
+    They belong to the area of ``module``; the four metrics differ only in their compute and their checks.
+
+    ``__init__``: stock's, plus the counters of ``kinds``. ``update`` and ``compute``: stock's where host reads are
+    free (CPU: stock's values to the bit); otherwise :func:`add_contingency` and ``device_compute(metric)``.
+    """
+    init = _deferred.checked_init(f"{cls}.__init__", module, lambda metric: kinds, size=len(kinds))
+
+    def update(self: Any, preds: Tensor, target: Tensor) -> None:
+        if _deferred.reads_are_free(preds):
+            stock(f"{cls}.update")(self, preds, target)
+            return
+        add_contingency(self, preds, target, kinds)
+
+    def compute(self: Any) -> Tensor:
+        if _deferred.reads_are_free(self.confmat):
+            return stock(f"{cls}.compute")(self)
+        return device_compute(self)
+
+    update.__doc__ = "Stock's update where reads are free; otherwise the table counted with fixed shapes."
+    compute.__doc__ = "Stock's compute where reads are free; otherwise the statistic with fixed shapes."
+    for fn in (update, compute):
+        fn.__module__ = module
+        fn.__qualname__ = f"{cls.rsplit('.', 1)[1]}.{fn.__name__}"
+    replaces(f"{cls}.__init__", params=("self", *init_params, "kwargs"))(init)
+    replaces(f"{cls}.update", params=("self", "preds", "target"), kind="metric_method")(update)
+    replaces(f"{cls}.compute", params=("self",), kind="metric_method")(compute)
