@@ -278,6 +278,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " layer-only, no series patch yet",
     "detection_iou": "issue 28: the box IoU metrics' mask writes as masked_fill_ and their compute without reads;"
     " layer-only, no series patch yet",
+    "panoptic_qualities": "issue 28: PanopticQuality/ModifiedPanopticQuality in one batched sort-based pass;"
+    " layer-only, no series patch yet",
 }
 
 

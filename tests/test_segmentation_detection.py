@@ -360,3 +360,105 @@ def test_iou_functional_parity(path: str) -> None:
     assert probe is None or probe.count == 0
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ detection: PanopticQuality, ModifiedPanopticQuality
+
+
+def _panoptic(
+    gen: torch.Generator, shape: tuple[int, ...], categories: int = 3, dtype: torch.dtype = torch.long
+) -> Tensor:
+    """``(category, instance)`` per point: categories 0-1 things, 2 stuff, 3 (if drawn) unknown."""
+    category = torch.randint(0, categories, shape, generator=gen)
+    instance = torch.randint(0, 3, shape, generator=gen)
+    return torch.stack([category, instance], dim=-1).to(dtype)
+
+
+def _panoptic_batches(seed: int, shape: tuple[int, ...] = (3, 6, 6), unknown: bool = False, **kwargs: Any) -> list[Any]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (_panoptic(gen, shape, 4 if unknown else 3, **kwargs), _panoptic(gen, shape, 4, **kwargs)) for _ in range(2)
+    ]
+
+
+def _panoptic_metric(name: str, **kwargs: Any) -> Any:
+    import torchmetrics.detection
+
+    return getattr(torchmetrics.detection, name)(things={0, 1}, stuffs={2}, **kwargs)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_panoptic_parity_with_stock(path: str) -> None:
+    """forward() per batch and compute(): stock's values, dtypes and shapes, to the bit on both paths (unknown target
+    categories as void; unknown predicted ones where allowed; images and point clouds; int32 inputs)."""
+    pq, modified = "PanopticQuality", "ModifiedPanopticQuality"
+    cases = {
+        "pq": (lambda: _panoptic_metric(pq), _panoptic_batches(1)),
+        "per class": (
+            lambda: _panoptic_metric(pq, return_sq_and_rq=True, return_per_class=True),
+            _panoptic_batches(2, dtype=torch.int32),
+        ),
+        "sq and rq": (lambda: _panoptic_metric(pq, return_sq_and_rq=True), _panoptic_batches(3, shape=(2, 40))),
+        "unknown allowed": (
+            lambda: _panoptic_metric(pq, allow_unknown_preds_category=True),
+            _panoptic_batches(4, unknown=True),
+        ),
+        "modified": (lambda: _panoptic_metric(modified), _panoptic_batches(5)),
+        "modified 3-d": (lambda: _panoptic_metric(modified), _panoptic_batches(6, shape=(2, 3, 4, 3))),
+    }
+    parity(cases, path=path)
+
+
+def test_panoptic_update_and_forward_are_sync_free(syncfree: Any) -> None:
+    """No would-be sync in update and forward (the copy arrived and in flight), nor in compute; stock reads per
+    segment and intersection."""
+    data = _panoptic_batches(7)
+    for name in ("PanopticQuality", "ModifiedPanopticQuality"):
+        assert_sync_free_life(_panoptic_metric(name), data)
+        metric = _panoptic_metric(name)
+        with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
+            metric.update(*data[0])
+            metric(*data[1])
+        assert probe.count == 0, probe.events
+
+
+def test_panoptic_stock_syncs_and_launches() -> None:
+    preds, target = _panoptic_batches(8)[0]
+    with SyncProbe() as probe:
+        _panoptic_metric("PanopticQuality").update(preds, target)
+    assert probe.count > 10 * preds.shape[0], probe.counts()
+    with _device_path():
+        stock_launches = count_launches(_panoptic_metric("PanopticQuality").update, preds, target)[0]
+        with torchmetrics_syncfree.patched():
+            patched_launches = count_launches(_panoptic_metric("PanopticQuality").update, preds, target)[0]
+    assert patched_launches < stock_launches, (patched_launches, stock_launches)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_panoptic_unknown_category_raises_stocks_error(path: str) -> None:
+    """Stock's ValueError: at once on CPU, at the end of the update on the device path, the batch left out."""
+    good, bad = _panoptic_batches(9)[0], _panoptic_batches(9, unknown=True)[1]
+    with pytest.raises(ValueError, match="Unknown categories found"):
+        _panoptic_metric("PanopticQuality").update(*bad)
+    reference = _panoptic_metric("PanopticQuality")
+    reference.update(*good)
+    with torchmetrics_syncfree.patched():
+        metric = _panoptic_metric("PanopticQuality")
+        with SyncProbe() if path == "device" else contextlib.nullcontext():
+            metric.update(*good)
+            with pytest.raises(ValueError, match="Unknown categories found"):
+                metric.update(*bad)
+        torch.testing.assert_close(metric.compute(), reference.compute(), rtol=0, atol=0)
+        assert pending_checks(metric) == 0
+
+
+def test_panoptic_update_traces_with_fullgraph(syncfree: Any) -> None:
+    metric, reference = _panoptic_metric("ModifiedPanopticQuality"), _panoptic_metric("ModifiedPanopticQuality")
+    preds, target = _panoptic_batches(10)[0]
+    with _device_path():
+        torch._dynamo.reset()
+        torch.compile(lambda p, t: metric.update(p, t), fullgraph=True, backend="aot_eager")(preds, target)
+        torch._dynamo.reset()
+    reference.update(preds, target)
+    torch.testing.assert_close(metric.iou_sum, reference.iou_sum, rtol=0, atol=0)
+    assert torch.equal(metric.true_positives, reference.true_positives)

@@ -93,6 +93,7 @@ register_area(
     requires=("metric", "classification", "generalized_dice"),
 )
 register_area("detection_iou", "torchmetrics_syncfree.detection.iou", requires=("metric",))
+register_area("panoptic_qualities", "torchmetrics_syncfree.detection.panoptic_qualities", requires=("metric",))
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
 # issue 28: RetrievalPrecisionRecallCurve, RetrievalRecallAtFixedPrecision
