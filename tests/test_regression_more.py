@@ -302,3 +302,23 @@ def test_merged_states_compute_as_stocks() -> None:
         first.merge_state(second)
         with pytest.raises(ValueError, match=r"For power=1.5"):
             first.compute()
+
+
+@pytest.mark.parametrize("power", [0.0, 1.0, 1.5])
+def test_functional_tweedie_is_stocks_and_reads_at_most_once(power: float) -> None:
+    """The functional ``tweedie_deviance_score`` on the device path: stock's value; power 0 reads nothing, the others
+    read their one flag (stock: up to two reads, a copy, a mask write) and raise stock's error at once."""
+    from torchmetrics.functional import tweedie_deviance_score
+
+    preds, target = _positive(11, zeros=True)[-1]
+    expected = tweedie_deviance_score(preds, target, power)
+    with pytest.raises(ValueError) as stock_error:
+        tweedie_deviance_score(-preds, target, 1.5)
+    with torchmetrics_syncfree.patched(), SyncProbe() as probe:
+        got = tweedie_deviance_score(preds, target, power)
+        reads = probe.count
+        with pytest.raises(ValueError) as error:
+            tweedie_deviance_score(-preds, target, 1.5)
+    assert reads == (0 if power == 0 else 1)
+    assert str(error.value) == str(stock_error.value)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -11,12 +11,14 @@ raise ValueError(...)`` (powers other than 0)        error of the metric (stock'
 ``_safe_xlogy`` (power 1): ``res[x == 0] = 0.0``     ``masked_fill(x == 0, 0.0)``: the same values
 ==================================================  ===========================================================
 
-Replaced are the metric's ``__init__`` (its check counter) and ``update``; where host reads are free (CPU) the update
-is stock's. On the device path the deviance is stock's expression (``torch.zeros`` made only for the powers that use
-it), so the values are stock's to the bit; a batch with invalid values raises stock's ``ValueError`` at the
-metric's next eager point (the end of the update, as stock, when the device has finished it; else a later update,
+Replaced are the metric's ``__init__`` (its check counter) and ``update``, and ``_tweedie_deviance_score_update``
+(every TorchMetrics module's reference to it: the functional ``tweedie_deviance_score``); where host reads are free
+(CPU) they are stock's. On the device path the deviance is stock's expression (``torch.zeros`` made only for the
+powers that use it), so the values are stock's to the bit; a batch with invalid values raises stock's ``ValueError``
+at the metric's next eager point (the end of the update, as stock, when the device has finished it; else a later update,
 ``compute()`` or ``reset()``) and is left out of the states. ``compute`` reads nothing and stays stock's. The
-functional ``tweedie_deviance_score`` has no metric to defer to and stays stock's.
+functional ``tweedie_deviance_score`` has no metric to defer to: at powers other than 0 it reads its one flag and
+raises at once (stock: up to two reads, a boolean-mask write and a copy); at power 0 it reads nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree.regression.log_cosh import count_of
 
 _MODULE = "torchmetrics.regression.tweedie_deviance"
+_FUNCTIONAL = "torchmetrics.functional.regression.tweedie_deviance"
 
 
 def _message(power: float) -> str | None:
@@ -105,6 +109,29 @@ def _deviance(preds: Tensor, targets: Tensor, power: float) -> Tensor:
     return 2 * (term_1 - term_2 + term_3)
 
 
+def _checked(preds: Tensor, targets: Tensor, power: float) -> tuple[Tensor, Tensor | None]:
+    """Stock's host checks (shapes, the power), the elementwise deviance and the invalid-values flag."""
+    _check_same_shape(preds, targets)
+    if 0 < power < 1:
+        raise ValueError(f"Deviance Score is not defined for power={power}.")
+    return _deviance(preds, targets, power), _invalid(preds, targets, power)
+
+
+@replaces(f"{_FUNCTIONAL}._tweedie_deviance_score_update", params=("preds", "targets", "power"), everywhere=True)
+def _tweedie_deviance_score_update(preds: Tensor, targets: Tensor, power: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Stock's ``_tweedie_deviance_score_update`` where reads are free; otherwise the count filled, one read at most.
+
+    The functional ``tweedie_deviance_score`` has no metric to defer its error to: powers other than 0 read their one
+    flag (stock: up to two reads, a boolean-mask write at power 1 and the count's copy); power 0 reads nothing.
+    """
+    if _deferred.reads_are_free(preds):
+        return stock(f"{_FUNCTIONAL}._tweedie_deviance_score_update")(preds, targets, power)
+    deviance_score, invalid = _checked(preds, targets, power)
+    if invalid is not None and bool(invalid):
+        raise ValueError(_message(power))
+    return torch.sum(deviance_score), count_of(torch.numel(deviance_score), preds)
+
+
 @replaces(f"{_MODULE}.TweedieDevianceScore.update", params=("self", "preds", "targets"), kind="metric_method")
 def _update(self: Any, preds: Tensor, targets: Tensor) -> None:
     """Stock's update where reads are free; otherwise the same states, invalid values filed instead of read."""
@@ -112,12 +139,8 @@ def _update(self: Any, preds: Tensor, targets: Tensor) -> None:
         stock(f"{_MODULE}.TweedieDevianceScore.update")(self, preds, targets)
         return
     power = self.power
-    _check_same_shape(preds, targets)
-    if 0 < power < 1:
-        raise ValueError(f"Deviance Score is not defined for power={power}.")
-    deviance_score = _deviance(preds, targets, power)
+    deviance_score, invalid = _checked(preds, targets, power)
     sum_deviance_score = torch.sum(deviance_score)
-    invalid = _invalid(preds, targets, power)
     left_out = False
     if invalid is not None:
         _deferred.keep_kinds(self, _kinds(self))  # ``power`` may have been set after ``__init__``
