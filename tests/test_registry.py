@@ -430,7 +430,17 @@ def _example_metrics() -> list[Any]:
         *_calibration_fairness_ranking_metrics(),
         *_nominal_metrics(),
         *_image_metrics(),
+        *_retrieval_curve_and_wrapper_metrics(),
     ]
+
+
+def _retrieval_curve_and_wrapper_metrics() -> list[Any]:
+    """Areas ``retrieval_precision_recall_curve``, ``bootstrapping`` (above) and ``multioutput`` (issue 28)."""
+    from torchmetrics.regression import MeanSquaredError
+    from torchmetrics.retrieval import RetrievalPrecisionRecallCurve
+    from torchmetrics.wrappers import MultioutputWrapper
+
+    return [RetrievalPrecisionRecallCurve(max_k=3), MultioutputWrapper(MeanSquaredError(), num_outputs=2)]
 
 
 def _image_metrics() -> list[Any]:

@@ -108,6 +108,9 @@ register_area("clustering", "torchmetrics_syncfree.clustering", requires=("metri
 register_area("collections", "torchmetrics_syncfree.collections", requires=("metric", "distributed"))
 # issue 28: the wrappers' internal resets and computes of the metrics they wrap read no check counters
 register_area("wrapper_checks", "torchmetrics_syncfree.wrappers.checks", requires=("metric",))
+# issue 28: BootStrapper's samples drawn on the device; MultioutputWrapper's selection without host copies
+register_area("bootstrapping", "torchmetrics_syncfree.wrappers.bootstrapping", requires=("metric",))
+register_area("multioutput", "torchmetrics_syncfree.wrappers.multioutput", requires=("metric",))
 # issue 28: the nominal metrics (CramersV, TschuprowsT, PearsonsContingencyCoefficient, TheilsU), one area per module
 register_area("cramers", "torchmetrics_syncfree.nominal.cramers", requires=("metric", "classification"))
 register_area("tschuprows", "torchmetrics_syncfree.nominal.tschuprows", requires=("metric", "classification"))
