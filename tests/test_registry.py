@@ -429,6 +429,7 @@ def _example_metrics() -> list[Any]:
         *_fixed_point_metrics(),
         *_calibration_fairness_ranking_metrics(),
         *_nominal_metrics(),
+        *_segmentation_detection_metrics(),
         *_image_metrics(),
         *_retrieval_curve_and_wrapper_metrics(),
     ]
@@ -441,6 +442,24 @@ def _retrieval_curve_and_wrapper_metrics() -> list[Any]:
     from torchmetrics.wrappers import MultioutputWrapper
 
     return [RetrievalPrecisionRecallCurve(max_k=3), MultioutputWrapper(MeanSquaredError(), num_outputs=2)]
+
+
+def _segmentation_detection_metrics() -> list[Any]:
+    """Areas ``hausdorff_distance``, ``detection_iou`` and ``panoptic_qualities`` (issue 28)."""
+    from unittest import mock
+
+    from torchmetrics.detection import ModifiedPanopticQuality, PanopticQuality
+    from torchmetrics.detection import iou as iou_module
+    from torchmetrics.segmentation import HausdorffDistance
+
+    with mock.patch.object(iou_module, "_TORCHVISION_AVAILABLE", True):  # its __init__ only checks the flag
+        box_iou = iou_module.IntersectionOverUnion()
+    return [
+        HausdorffDistance(num_classes=3),
+        PanopticQuality(things={0}, stuffs={1}),
+        ModifiedPanopticQuality(things={0}, stuffs={1}),
+        box_iou,
+    ]
 
 
 def _image_metrics() -> list[Any]:
