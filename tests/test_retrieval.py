@@ -462,6 +462,35 @@ def test_curve_update_traces_without_a_graph_break() -> None:
     assert graph_breaks(explanation) == []
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: retrieval.RetrievalAUROC(max_fpr=0.5, ignore_index=-1),
+        lambda: retrieval.RetrievalPrecisionRecallCurve(max_k=4, ignore_index=-1),
+        lambda: retrieval.RetrievalRecallAtFixedPrecision(min_precision=0.3, max_k=4, ignore_index=-1),
+    ],
+    ids=["AUROC", "PrecisionRecallCurve", "RecallAtFixedPrecision"],
+)
+def test_cuda_update_and_forward_never_sync(make: Callable[[], Any]) -> None:
+    """``torch.cuda.set_sync_debug_mode("error")`` around update and forward; values as on the CPU (rtol 1e-5)."""
+    from tests._probing import syncs_are_errors
+
+    batches = [tuple(x.cuda() for x in batch) for batch in _batches(7, -1)]
+    expected = make()
+    with torchmetrics_syncfree.patched():
+        metric = make().cuda()
+        metric.update(*batches[0][:2], indexes=batches[0][2])  # allocations and lazy CUDA initialisation outside
+        metric.reset()
+        with syncs_are_errors():
+            got = [metric(p, t, indexes=i) for p, t, i in batches]
+    for (p, t, i), value in zip(_batches(7, -1), got):
+        want = expected(p, t, indexes=i)
+        for w, g in zip(want if isinstance(want, tuple) else (want,), value if isinstance(value, tuple) else (value,)):
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-6)
+
+
 def _retrieval_world_data(rank: int) -> list[Batch]:
     return _batches(40 + rank, -1)
 

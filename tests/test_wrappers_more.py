@@ -217,3 +217,31 @@ def test_multioutput_reads(name: str, delay: int | None) -> None:
     with SyncProbe() as probe:
         stock.update(*inputs(0, True))
     assert probe.count > reads
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# CUDA (``tox -e gpu``; skipped without CUDA)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+@pytest.mark.parametrize("name", ["bootstrapper", "multioutput-keep-nans", "multioutput-int-labels"])
+def test_cuda_update_and_forward_never_sync(name: str) -> None:
+    """``torch.cuda.set_sync_debug_mode("error")``: the ground truth the CPU probe stands in for."""
+    from tests._probing import syncs_are_errors
+
+    makers: dict[str, tuple[Callable[[], Metric], Callable[[int], tuple[Tensor, Tensor]]]] = {
+        "bootstrapper": (lambda: BootStrapper(MeanSquaredError(), num_bootstraps=4), _regression),
+        "multioutput-keep-nans": (MULTIOUTPUT["mae-keep-nans"][0], lambda seed: _outputs(seed, True)),
+        "multioutput-int-labels": (MULTIOUTPUT["accuracy-int-labels"][0], _labels),
+    }
+    make, inputs = makers[name]
+    with patched():
+        metric = make().cuda()
+        batches = [tuple(x.cuda() for x in inputs(seed)) for seed in range(3)]
+        metric.update(*batches[0])  # allocations and lazy CUDA initialisation outside
+        metric.compute()
+        with syncs_are_errors():
+            for batch in batches:
+                metric.update(*batch)
+                metric(*batch)
