@@ -342,6 +342,23 @@ def test_iou_stock_syncs_and_launches() -> None:
 
 @needs_torchvision
 @pytest.mark.parametrize("path", PATHS)
+def test_iou_invalid_input_raises_stocks_error(path: str) -> None:
+    """Stock's validation (host information only): at once, with stock's type and text, on both paths."""
+    boxes, labels = torch.zeros(1, 4), torch.zeros(1, dtype=torch.long)
+    cases = [
+        ([{"labels": labels}], [{"boxes": boxes, "labels": labels}], "contain the `boxes` key"),
+        ([{"boxes": torch.zeros(1, 3), "labels": labels}], [{"boxes": boxes, "labels": labels}], "of shape"),
+    ]
+    for preds, target, text in cases:
+        with pytest.raises(ValueError, match=text):
+            _iou_metric("IntersectionOverUnion").update(preds, target)
+        probe = SyncProbe() if path == "device" else contextlib.nullcontext()
+        with torchmetrics_syncfree.patched(), probe, pytest.raises(ValueError, match=text):
+            _iou_metric("IntersectionOverUnion").update(preds, target)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("path", PATHS)
 def test_iou_functional_parity(path: str) -> None:
     from torchmetrics.functional.detection import complete_intersection_over_union, intersection_over_union
 

@@ -95,10 +95,10 @@ for _variant, _box_fn in (
 @replaces(f"{_MODULE}.IntersectionOverUnion.update", params=("self", "preds", "target"), kind="metric_method")
 def _update(self: Any, preds: list[dict[str, Tensor]], target: list[dict[str, Tensor]]) -> None:
     """Stock's update; on the device path the other labels' pairs are marked invalid by ``masked_fill_``."""
+    _input_validator(preds, target, ignore_score=True)  # host checks only: stock's errors before any indexing
     if not preds or _deferred.reads_are_free(preds[0]["boxes"]):
         stock(f"{_MODULE}.IntersectionOverUnion.update")(self, preds, target)
         return
-    _input_validator(preds, target, ignore_score=True)
     keeps_pred_labels = hasattr(self, "pred_labels")  # 1.7+
     for p_i, t_i in zip(preds, target):
         det_boxes = self._get_safe_item_values(p_i["boxes"])
