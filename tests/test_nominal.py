@@ -291,3 +291,37 @@ def test_cuda_parity_without_syncs() -> None:
                     got = [metric(*batch) for batch in data]
             for e, g in zip(expected, got):
                 torch.testing.assert_close(g.float(), e.float(), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_collection_groups_them_as_stock(path: str) -> None:
+    """A MetricCollection puts the four metrics into one compute group, as stock (the same states), with stock's
+    values and each bias-correction warning with its own metric's message, as often as stock."""
+    from torchmetrics import MetricCollection
+
+    one_row, fine = (torch.arange(8.0) % NUM, torch.zeros(8)), _batches(seed=10)[0]
+
+    def run() -> tuple[dict[int, list[str]], list[Tensor]]:
+        collection = MetricCollection([cls(num_classes=NUM) for cls in METRICS])
+        collection.update(*fine)  # the groups are formed in the first update
+        values = list(collection(*one_row).values())
+        values += list(collection.compute().values())
+        collection.reset()  # an eager point: the device path reports the computes' warnings here
+        return collection.compute_groups, values
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        groups, expected = run()
+    stock_warnings = sorted(str(w.message) for w in caught if UNABLE in str(w.message))
+    probe = SyncProbe() if path == "device" else contextlib.nullcontext()
+    with torchmetrics_syncfree.patched(), probe, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patched_groups, got = run()
+    assert len(groups) == 1
+    assert {"Cramer's V", "Tschuprow's T"} <= {
+        m.split(" using")[0].removeprefix("Unable to compute ") for m in stock_warnings
+    }
+    assert patched_groups == groups
+    assert sorted(str(w.message) for w in caught if UNABLE in str(w.message)) == stock_warnings
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g.float(), e.float(), rtol=1e-5, atol=1e-6, equal_nan=True)

@@ -30,26 +30,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree.nominal.utils import (
-    OUTSIDE_TABLE,
-    bias_correction_check,
-    corrected_statistic,
-    declare_patches,
-)
+from torchmetrics_syncfree.nominal.utils import UNABLE_CRAMERS, corrected_statistic, declare_patches
 
 _MODULE = "torchmetrics.nominal.cramers"
-KINDS = (OUTSIDE_TABLE, bias_correction_check("Cramer's V"))
 
 
 def _compute(metric: Any) -> Tensor:
     """Stock's ``_cramers_v_compute`` with fixed shapes, its warning filed with the metric."""
-    return corrected_statistic(metric, KINDS, torch.minimum)
+    return corrected_statistic(metric, UNABLE_CRAMERS, torch.minimum)
 
 
 declare_patches(
     __name__,
     f"{_MODULE}.CramersV",
     ("num_classes", "bias_correction", "nan_strategy", "nan_replace_value"),
-    KINDS,
     _compute,
 )

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree.nominal.utils import OUTSIDE_TABLE, chi_squared, declare_patches
+from torchmetrics_syncfree.nominal.utils import chi_squared, declare_patches
 
 _MODULE = "torchmetrics.nominal.pearson"
 
@@ -36,6 +36,5 @@ declare_patches(
     __name__,
     f"{_MODULE}.PearsonsContingencyCoefficient",
     ("num_classes", "nan_strategy", "nan_replace_value"),
-    (OUTSIDE_TABLE,),
     _compute,
 )

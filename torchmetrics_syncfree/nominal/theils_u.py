@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree.nominal.utils import OUTSIDE_TABLE, declare_patches
+from torchmetrics_syncfree.nominal.utils import declare_patches
 
 _MODULE = "torchmetrics.nominal.theils_u"
 
@@ -44,6 +44,4 @@ def _compute(metric: Any) -> Tensor:
     return torch.where(s_x == 0, 0.0, (s_x - s_xy) / s_x)
 
 
-declare_patches(
-    __name__, f"{_MODULE}.TheilsU", ("num_classes", "nan_strategy", "nan_replace_value"), (OUTSIDE_TABLE,), _compute
-)
+declare_patches(__name__, f"{_MODULE}.TheilsU", ("num_classes", "nan_strategy", "nan_replace_value"), _compute)

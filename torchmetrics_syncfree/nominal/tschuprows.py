@@ -24,26 +24,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree.nominal.utils import (
-    OUTSIDE_TABLE,
-    bias_correction_check,
-    corrected_statistic,
-    declare_patches,
-)
+from torchmetrics_syncfree.nominal.utils import UNABLE_TSCHUPROWS, corrected_statistic, declare_patches
 
 _MODULE = "torchmetrics.nominal.tschuprows"
-KINDS = (OUTSIDE_TABLE, bias_correction_check("Tschuprow's T"))
 
 
 def _compute(metric: Any) -> Tensor:
     """Stock's ``_tschuprows_t_compute`` with fixed shapes, its warning filed with the metric."""
-    return corrected_statistic(metric, KINDS, lambda rows, cols: torch.sqrt(rows * cols))
+    return corrected_statistic(metric, UNABLE_TSCHUPROWS, lambda rows, cols: torch.sqrt(rows * cols))
 
 
 declare_patches(
     __name__,
     f"{_MODULE}.TschuprowsT",
     ("num_classes", "bias_correction", "nan_strategy", "nan_replace_value"),
-    KINDS,
     _compute,
 )

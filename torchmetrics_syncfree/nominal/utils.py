@@ -62,16 +62,24 @@ def bias_correction_check(metric_name: str) -> _deferred.Check:
     return known
 
 
+UNABLE_CRAMERS = bias_correction_check("Cramer's V")
+UNABLE_TSCHUPROWS = bias_correction_check("Tschuprow's T")
+#: The checks of all four metrics, one counter each: the same states for all four, so that a ``MetricCollection``
+#: groups them as it groups stock's (their only other state is ``confmat``), and each warning keeps its own slot (a
+#: member of a group that reports the shared counters reports each with its own message).
+KINDS = (OUTSIDE_TABLE, UNABLE_CRAMERS, UNABLE_TSCHUPROWS)
+
+
 def _long(labels: Tensor) -> Tensor:
     return labels if labels.dtype == torch.long else labels.long()
 
 
-def add_contingency(metric: Any, preds: Tensor, target: Tensor, kinds: tuple[_deferred.Check, ...]) -> None:
+def add_contingency(metric: Any, preds: Tensor, target: Tensor) -> None:
     """Stock's ``update`` of the four metrics on the device path: the batch's table added to ``confmat``.
 
     Stock's index ``target * C + preds`` (int64, its wrap-around included) decides the cell, so a pred outside the
     classes lands where stock's does; an index outside ``[0, C**2)``, where stock's ``bincount``/``reshape`` fails,
-    counts in a sink cell whose count is filed as :data:`OUTSIDE_TABLE` (``kinds``: the metric's checks).
+    counts in a sink cell whose count is filed as :data:`OUTSIDE_TABLE`.
     """
     num_classes = metric.num_classes
     preds = preds.argmax(1) if preds.ndim == 2 else preds
@@ -95,7 +103,7 @@ def add_contingency(metric: Any, preds: Tensor, target: Tensor, kinds: tuple[_de
     if index.ndim != 1:
         raise RuntimeError(_NOT_1D)
     bins = _put_counts(index.clamp_(-1, cells), cells + 1, weights)  # -1 and C**2: the sink (``put_`` wraps -1)
-    _deferred.keep_kinds(metric, kinds, size=len(kinds))  # a metric made before the patch gets its counters here
+    _deferred.keep_kinds(metric, KINDS, size=len(KINDS))  # a metric made before the patch gets its counters here
     _deferred.record(metric, OUTSIDE_TABLE, bins[cells])
     metric.confmat += bins[:cells].view(num_classes, num_classes)
     _deferred.sweep(metric)
@@ -140,23 +148,23 @@ def bias_corrected(
 
 
 def corrected_statistic(
-    metric: Any, kinds: tuple[_deferred.Check, ...], denominator: Callable[[Tensor, Tensor], Tensor]
+    metric: Any, unable_check: _deferred.Check, denominator: Callable[[Tensor, Tensor], Tensor]
 ) -> Tensor:
     """CramersV's and TschuprowsT's compute with fixed shapes: ``sqrt(phi2 / denominator(rows - 1, cols - 1))``.
 
     With ``bias_correction``, stock's corrected values; where it cannot correct (``min(rows, cols) == 1``) stock
-    warns and returns NaN: the warning (``kinds[1]``) is filed with the metric, NaN selected with ``torch.where``.
+    warns and returns NaN: the warning (``unable_check``) is filed with the metric, NaN selected with ``torch.where``.
     """
     chi2, num_rows, num_cols, total = chi_squared(metric.confmat, metric.bias_correction)
     phi_squared = chi2 / total
     if not metric.bias_correction:  # int64 counts, as stock's ``confmat.shape`` (TschuprowsT: its int64 tensors)
         return torch.sqrt(phi_squared / denominator(num_rows - 1, num_cols - 1)).clamp(0.0, 1.0)
-    _deferred.keep_kinds(metric, kinds, size=len(kinds))
+    _deferred.keep_kinds(metric, KINDS, size=len(KINDS))
     phi_squared_corrected, rows_corrected, cols_corrected, unable = bias_corrected(
         phi_squared, num_rows, num_cols, total
     )
     value = torch.sqrt(phi_squared_corrected / denominator(rows_corrected - 1, cols_corrected - 1)).clamp(0.0, 1.0)
-    _deferred.record_in_compute(metric, kinds[1], unable)
+    _deferred.record_in_compute(metric, unable_check, unable)
     return torch.where(unable, float("nan"), value)
 
 
@@ -164,23 +172,22 @@ def declare_patches(
     module: str,
     cls: str,
     init_params: tuple[str, ...],
-    kinds: tuple[_deferred.Check, ...],
     device_compute: Callable[[Any], Tensor],
 ) -> None:
     """Declare the replacements of ``__init__``, ``update`` and ``compute`` of the class ``cls`` (a dotted path).
 
     They belong to the area of ``module``; the four metrics differ only in their compute and their checks.
 
-    ``__init__``: stock's, plus the counters of ``kinds``. ``update`` and ``compute``: stock's where host reads are
+    ``__init__``: stock's, plus the counters of :data:`KINDS`. ``update`` and ``compute``: stock's where host reads are
     free (CPU: stock's values to the bit); otherwise :func:`add_contingency` and ``device_compute(metric)``.
     """
-    init = _deferred.checked_init(f"{cls}.__init__", module, lambda metric: kinds, size=len(kinds))
+    init = _deferred.checked_init(f"{cls}.__init__", module, lambda metric: KINDS, size=len(KINDS))
 
     def update(self: Any, preds: Tensor, target: Tensor) -> None:
         if _deferred.reads_are_free(preds):
             stock(f"{cls}.update")(self, preds, target)
             return
-        add_contingency(self, preds, target, kinds)
+        add_contingency(self, preds, target)
 
     def compute(self: Any) -> Tensor:
         if _deferred.reads_are_free(self.confmat):
