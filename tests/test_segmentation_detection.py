@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import pickle
+import re
 from typing import Any
 
 import pytest
@@ -467,6 +468,22 @@ def test_panoptic_unknown_category_raises_stocks_error(path: str) -> None:
                 metric.update(*bad)
         torch.testing.assert_close(metric.compute(), reference.compute(), rtol=0, atol=0)
         assert pending_checks(metric) == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_panoptic_invalid_input_raises_stocks_error_at_once(path: str) -> None:
+    preds = _panoptic_batches(11)[0][0]
+    cases = [
+        (preds.tolist(), preds, TypeError),
+        (preds, preds[:1], ValueError),
+        (preds[..., :1], preds[..., :1], ValueError),
+    ]
+    for bad_preds, bad_target, error in cases:
+        with pytest.raises(error) as stock_error:
+            _panoptic_metric("PanopticQuality").update(bad_preds, bad_target)
+        probe = SyncProbe() if path == "device" else contextlib.nullcontext()
+        with torchmetrics_syncfree.patched(), probe, pytest.raises(error, match=re.escape(str(stock_error.value))):
+            _panoptic_metric("PanopticQuality").update(bad_preds, bad_target)
 
 
 def test_panoptic_update_traces_with_fullgraph(syncfree: Any) -> None:

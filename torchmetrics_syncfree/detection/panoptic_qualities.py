@@ -191,10 +191,10 @@ def _declare_update(name: str, modified_stuffs: bool) -> None:
 
     @replaces(spec, params=("self", "preds", "target"), kind="metric_method")
     def update(self: Any, preds: Tensor, target: Tensor) -> None:
+        _validate_inputs(preds, target)  # types and shapes (host information): stock's errors at once
         if _deferred.reads_are_free(preds):
             stock(spec)(self, preds, target)
             return
-        _validate_inputs(preds, target)
         iou_sum, true_positives, false_positives, false_negatives, unknown = _panoptic_update(
             self, preds, target, set(self.stuffs) if modified_stuffs else set()
         )
