@@ -1,5 +1,5 @@
 """The image metrics of issue 28: MultiScaleStructuralSimilarityIndexMeasure, StructuralSimilarityIndexMeasure (without
-a ``data_range``), PeakSignalNoiseRatioWithBlockedEffect,
+a ``data_range``, or with ``gaussian_kernel=False``), PeakSignalNoiseRatioWithBlockedEffect,
 VisualInformationFidelity, RelativeAverageSpectralError and SpatialCorrelationCoefficient. Stock's values, dtypes and
 shapes to the bit on both patched paths, stock's errors, a sync-free update/forward/compute on the device path (with
 the check counters' copy in flight and arrived; stock seen syncing), and updates that trace without a graph break."""
@@ -74,6 +74,18 @@ def _cases() -> dict[str, tuple[Callable[[], Any], list]]:
             _images((2, 2, 16, 18), 1, n=1, dtype=torch.float64),
         ),
         "ssim": (lambda: StructuralSimilarityIndexMeasure(), _images((2, 2, 12, 12), 2)),
+        "ssim-uniform": (
+            lambda: StructuralSimilarityIndexMeasure(gaussian_kernel=False, kernel_size=(3, 5), reduction="none"),
+            _images((2, 1, 12, 12), 15, n=1, dtype=torch.float64),
+        ),
+        "ssim-3d": (
+            lambda: StructuralSimilarityIndexMeasure(gaussian_kernel=False, kernel_size=3, data_range=1.0),
+            _images((1, 1, 6, 7, 8), 16, n=1),
+        ),
+        "ms-ssim-uniform": (
+            lambda: ms_ssim(gaussian_kernel=False, kernel_size=3, betas=(0.3, 0.3, 0.4)),
+            _images((2, 1, 16, 16), 17, n=1),
+        ),
         "psnrb": (lambda: _psnrb(data_range=1.0), _images((2, 1, 13, 18), 3)),
         "psnrb-255": (lambda: _psnrb(data_range=(0.0, 255.0), block_size=3), _images((2, 1, 10, 7), 4, scale=255)),
         "psnrb-64": (lambda: _psnrb(data_range=2.0, block_size=4), _images((1, 1, 9, 9), 5, dtype=torch.float64)),
@@ -135,7 +147,10 @@ def test_functional_parity(path: str) -> None:
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, delay: int | None) -> None:
     cases = _cases()
     with _deferred.simulated_copy_delay(delay):
-        for name in ("ms-ssim", "ms-ssim-3", "ssim", "psnrb", "psnrb-255", "vif", "rase", "scc", "scc-gray"):
+        for name in (
+            *("ms-ssim", "ms-ssim-3", "ms-ssim-uniform", "ssim", "ssim-3d"),
+            *("psnrb", "psnrb-255", "vif", "rase", "scc", "scc-gray"),
+        ):
             make, data = cases[name]
             assert_sync_free_life(make(), data)
 

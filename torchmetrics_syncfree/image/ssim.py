@@ -14,22 +14,26 @@ torch.tensor(preds.shape[0], device=...)``
 preds.min(), target.max() - target.min())``: Python
 ``max`` reads ``b > a`` (one read per call, one per
 scale in MS-SSIM)
-``_ssim_update`` with ``gaussian_kernel=False``:     not changed yet: still a copy per call (per scale)
-``torch.tensor(kernel_size, device=...)``
+``_ssim_update`` with ``gaussian_kernel=False``:     ``torch.full((), math.prod(kernel_size), dtype=...,
+``prod(tensor(kernel_size, device=...))`` (a copy    device=...)``: the same product of small integers (exact
+per call, per scale in MS-SSIM)                      in float32 below 2**24, in half below 2048), no copy
 ==================================================  ===========================================================
 
 StructuralSimilarityIndexMeasure shares ``_ssim_update``: with its default ``data_range=None`` it read the images'
-range on the host; with a ``data_range`` it makes no copy. Documented deviation: where one image range is NaN
-(images holding NaN), ``torch.maximum`` gives NaN where Python's ``max`` may give the other range; the similarity of
-such images is NaN either way. Where reads are free (CPU) the helper and
-the update are stock's, so CPU results are stock's to the bit. On the device path the values are stock's to the bit
-too: the exponents are the same values in the same dtype (``torch.tensor``'s: the default float dtype), raised with
-the same tensor ``pow``, and the count adds the same number. Exponents that are not Python numbers (tensors, complex)
-take stock's path.
+range on the host, with ``gaussian_kernel=False`` it copied the kernel size. On the device path ``_ssim_update`` is
+the layer's copy of stock's function with these two changes. Where reads are free (CPU) the helpers and the update
+are stock's, so CPU results are stock's to the bit. On the device path the values are stock's to the bit too: the
+exponents are the same values in the same dtype (``torch.tensor``'s: the default float dtype), raised with the same
+tensor ``pow``, the range is the larger of the same two, the kernel's size the same number, and the count adds the
+same number. Exponents that are not Python numbers (tensors, complex) take stock's path.
+
+Documented deviation: where one image range is NaN (images holding NaN), ``torch.maximum`` gives NaN where Python's
+``max`` may give the other range; the similarity of such images is NaN either way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.functional.image.ssim import _get_normalized_sim_and_cs, _ssim_check_inputs
+from torchmetrics.functional.image.utils import _gaussian_kernel_2d, _gaussian_kernel_3d, _reflection_pad_3d
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
@@ -75,21 +80,97 @@ def _ssim_update(
     return_full_image: bool = False,
     return_contrast_sensitivity: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Stock's similarity; without a ``data_range``, the images' range as ``torch.maximum``, not Python's ``max``."""
-    if data_range is None and preds.numel() and target.numel() and not _deferred.reads_are_free(preds):
+    """Stock's similarity; the default range by ``torch.maximum``, the uniform kernel's size made on the device."""
+    if _deferred.reads_are_free(preds):
+        return stock(f"{_FUNCTIONAL}._ssim_update")(
+            preds, target, gaussian_kernel, sigma, kernel_size, data_range, k1, k2, return_full_image,
+            return_contrast_sensitivity,
+        )  # fmt: skip
+    is_3d = preds.ndim == 5
+    if not isinstance(kernel_size, Sequence):
+        kernel_size = 3 * [kernel_size] if is_3d else 2 * [kernel_size]
+    if not isinstance(sigma, Sequence):
+        sigma = 3 * [sigma] if is_3d else 2 * [sigma]
+    if len(kernel_size) != len(target.shape) - 2:
+        raise ValueError(
+            f"`kernel_size` has dimension {len(kernel_size)}, but expected to be two less that target dimensionality,"
+            f" which is: {len(target.shape)}"
+        )
+    if len(kernel_size) not in (2, 3):
+        raise ValueError(
+            f"Expected `kernel_size` dimension to be 2 or 3. `kernel_size` dimensionality: {len(kernel_size)}"
+        )
+    if len(sigma) != len(target.shape) - 2:
+        raise ValueError(
+            f"`kernel_size` has dimension {len(kernel_size)}, but expected to be two less that target dimensionality,"
+            f" which is: {len(target.shape)}"
+        )
+    if len(sigma) not in (2, 3):
+        raise ValueError(
+            f"Expected `kernel_size` dimension to be 2 or 3. `kernel_size` dimensionality: {len(kernel_size)}"
+        )
+    if return_full_image and return_contrast_sensitivity:
+        raise ValueError("Arguments `return_full_image` and `return_contrast_sensitivity` are mutually exclusive.")
+    if any(x % 2 == 0 or x <= 0 for x in kernel_size):
+        raise ValueError(f"Expected `kernel_size` to have odd positive number. Got {kernel_size}.")
+    if any(y <= 0 for y in sigma):
+        raise ValueError(f"Expected `sigma` to have positive number. Got {sigma}.")
+
+    if data_range is None:
         data_range = torch.maximum(preds.max() - preds.min(), target.max() - target.min())
-    return stock(f"{_FUNCTIONAL}._ssim_update")(
-        preds,
-        target,
-        gaussian_kernel,
-        sigma,
-        kernel_size,
-        data_range,
-        k1,
-        k2,
-        return_full_image,
-        return_contrast_sensitivity,
-    )
+    elif isinstance(data_range, tuple):
+        preds = torch.clamp(preds, min=data_range[0], max=data_range[1])
+        target = torch.clamp(target, min=data_range[0], max=data_range[1])
+        data_range = data_range[1] - data_range[0]
+    c1 = pow(k1 * data_range, 2)
+    c2 = pow(k2 * data_range, 2)
+    device, channel, dtype = preds.device, preds.size(1), preds.dtype
+    gauss_kernel_size = [int(3.5 * s + 0.5) * 2 + 1 for s in sigma]
+    if gaussian_kernel:
+        pad_h = (gauss_kernel_size[0] - 1) // 2
+        pad_w = (gauss_kernel_size[1] - 1) // 2
+    else:
+        pad_h = (kernel_size[0] - 1) // 2
+        pad_w = (kernel_size[1] - 1) // 2
+    if is_3d:
+        pad_d = (kernel_size[2] - 1) // 2
+        preds = _reflection_pad_3d(preds, pad_d, pad_w, pad_h)
+        target = _reflection_pad_3d(target, pad_d, pad_w, pad_h)
+        if gaussian_kernel:
+            kernel = _gaussian_kernel_3d(channel, gauss_kernel_size, sigma, dtype, device)
+    else:
+        preds = F.pad(preds, (pad_w, pad_w, pad_h, pad_h), mode="reflect")
+        target = F.pad(target, (pad_w, pad_w, pad_h, pad_h), mode="reflect")
+        if gaussian_kernel:
+            kernel = _gaussian_kernel_2d(channel, gauss_kernel_size, sigma, dtype, device)
+    if not gaussian_kernel:
+        # stock: ``torch.prod(torch.tensor(kernel_size, dtype=dtype, device=device))``, a product of small integers
+        size = torch.full((), math.prod(kernel_size), dtype=dtype, device=device)
+        kernel = torch.ones((channel, 1, *kernel_size), dtype=dtype, device=device) / size
+
+    input_list = torch.cat((preds, target, preds * preds, target * target, preds * target))  # (5 * B, C, H, W)
+    outputs = F.conv3d(input_list, kernel, groups=channel) if is_3d else F.conv2d(input_list, kernel, groups=channel)
+    output_list = outputs.split(preds.shape[0])
+    mu_pred_sq = output_list[0].pow(2)
+    mu_target_sq = output_list[1].pow(2)
+    mu_pred_target = output_list[0] * output_list[1]
+    sigma_pred_sq = torch.clamp(output_list[2] - mu_pred_sq, min=0.0)
+    sigma_target_sq = torch.clamp(output_list[3] - mu_target_sq, min=0.0)
+    sigma_pred_target = output_list[4] - mu_pred_target
+    upper = 2 * sigma_pred_target.to(dtype) + c2
+    lower = (sigma_pred_sq + sigma_target_sq).to(dtype) + c2
+    ssim_idx_full_image = ((2 * mu_pred_target + c1) * upper) / ((mu_pred_sq + mu_target_sq + c1) * lower)
+    per_image = ssim_idx_full_image.reshape(ssim_idx_full_image.shape[0], -1).mean(-1)
+    if return_contrast_sensitivity:
+        contrast_sensitivity = upper / lower
+        if is_3d:
+            contrast_sensitivity = contrast_sensitivity[..., pad_h:-pad_h, pad_w:-pad_w, pad_d:-pad_d]
+        else:
+            contrast_sensitivity = contrast_sensitivity[..., pad_h:-pad_h, pad_w:-pad_w]
+        return per_image, contrast_sensitivity.reshape(contrast_sensitivity.shape[0], -1).mean(-1)
+    if return_full_image:
+        return per_image, ssim_idx_full_image
+    return per_image
 
 
 @replaces(
