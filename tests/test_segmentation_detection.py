@@ -496,3 +496,41 @@ def test_panoptic_update_traces_with_fullgraph(syncfree: Any) -> None:
     reference.update(preds, target)
     torch.testing.assert_close(metric.iou_sum, reference.iou_sum, rtol=0, atol=0)
     assert torch.equal(metric.true_positives, reference.true_positives)
+
+
+# ------------------------------------------------------------------ CUDA (tox -e gpu; skipped without CUDA)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
+@pytest.mark.parametrize("name", ["HausdorffDistance", "PanopticQuality", "ModifiedPanopticQuality"])
+def test_cuda_update_never_syncs_and_equals_stock(name: str) -> None:
+    """With ``torch.cuda.set_sync_debug_mode("error")`` every synchronizing call raises; the states equal stock's
+    on the same GPU (float64 IoU sums: atomic adds, last bits)."""
+    from tests._probing import syncs_are_errors
+
+    if name == "HausdorffDistance":
+        data = [tuple(_onehot(x).cuda() for x in batch) for batch in _batches("index", seed=12)]
+
+        def make() -> Any:
+            return _make(CONFIGS[0], "one-hot").cuda()
+
+        states = ("score", "total")
+    else:
+        data = [(p.cuda(), t.cuda()) for p, t in _panoptic_batches(12)]
+
+        def make() -> Any:
+            return _panoptic_metric(name).cuda()
+
+        states = ("iou_sum", "true_positives", "false_positives", "false_negatives")
+    reference = make()
+    for batch in data:
+        reference.update(*batch)
+    with torchmetrics_syncfree.patched():
+        metric = make()
+        with syncs_are_errors():
+            for batch in data:
+                metric.update(*batch)
+        for state in states:
+            torch.testing.assert_close(getattr(metric, state), getattr(reference, state), rtol=1e-12, atol=0)
+        torch.testing.assert_close(metric.compute(), reference.compute(), rtol=1e-6, atol=0, equal_nan=True)
