@@ -241,6 +241,8 @@ _OTHER_SPECS = [
             "CompleteIntersectionOverUnion",
         )
     ),
+    # its COCO backends evaluate on the host by design (measured where pycocotools or faster_coco_eval is installed)
+    ClassSpec("MeanAveragePrecision", "MeanAveragePrecision()", "boxes"),
     # image
     ClassSpec("SpectralDistortionIndex", "SpectralDistortionIndex()", "image"),
     ClassSpec("SpatialDistortionIndex", "SpatialDistortionIndex()", "pansharpening"),

@@ -26,7 +26,8 @@ another order than stock's mean of the concatenated valid entries: the score may
 1.7+ only (1.6's compute differs: no predicted labels among the classes, no zero for unobserved classes; it stays
 stock's, with its reads). Input validation (``_input_validator``) reads host information only and raises at once, as
 stock. MeanAveragePrecision is not covered: its backends (``pycocotools``, ``faster_coco_eval``) evaluate on the host
-by design (the states are copied to NumPy in ``compute()``); its ``update`` only appends the inputs.
+by design (``compute()`` copies the states to NumPy); its ``update`` appends the boxes (``iou_type="segm"``: each mask
+is copied to the host and RLE-encoded there, by design).
 
 """
 
