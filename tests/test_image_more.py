@@ -230,9 +230,10 @@ def test_filter_made_on_device() -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["psnrb", "scc"])
+@pytest.mark.parametrize("name", ["psnrb", "scc", "ssim"])
 def test_update_traces_without_a_graph_break(name: str) -> None:
-    """``fullgraph=True``: a graph break (a host read, a data-dependent shape) fails the compile."""
+    """``fullgraph=True``: a graph break (a host read, a data-dependent shape, SSIM's builtin ``pow`` of a tensor range)
+    fails the compile."""
     make, data = _cases()[name]
     torch._dynamo.reset()
     try:

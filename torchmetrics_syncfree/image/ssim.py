@@ -122,8 +122,8 @@ def _ssim_update(
         preds = torch.clamp(preds, min=data_range[0], max=data_range[1])
         target = torch.clamp(target, min=data_range[0], max=data_range[1])
         data_range = data_range[1] - data_range[0]
-    c1 = pow(k1 * data_range, 2)
-    c2 = pow(k2 * data_range, 2)
+    c1 = (k1 * data_range) ** 2  # stock: the builtin pow (the same op), which Dynamo cannot trace on a tensor
+    c2 = (k2 * data_range) ** 2
     device, channel, dtype = preds.device, preds.size(1), preds.dtype
     gauss_kernel_size = [int(3.5 * s + 0.5) * 2 + 1 for s in sigma]
     if gaussian_kernel:
