@@ -30,7 +30,8 @@ from torchmetrics.image import (
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, assert_identical, parity
-from tests._probing import assert_sync_free_life
+from tests._probing import assert_sync_free_life, syncs_are_errors
+from tests.conftest import cuda
 from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree.image import made_on_device
 from torchmetrics_syncfree.image.scc import _filter_on
@@ -246,3 +247,27 @@ def test_update_traces_without_a_graph_break(name: str) -> None:
     finally:
         torch._dynamo.reset()
     torch.testing.assert_close(metric.compute(), reference.compute())
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("name", ["ms-ssim", "ms-ssim-uniform", "ssim", "psnrb", "vif", "rase", "scc", "scc-gray"])
+def test_cuda_forward_and_compute_never_sync_and_equal_stock(name: str) -> None:
+    """On a GPU (``tox -e gpu``): no synchronizing call under ``set_sync_debug_mode("error")`` (SCC's CPU filter made
+    on the device included, a path the CPU probe cannot take), stock's values on the same GPU."""
+    make, data = _cases()[name]
+    data = [(p.cuda(), t.cuda()) for p, t in data]
+
+    def run(strict: bool) -> list[Tensor]:
+        metric = make().cuda()
+        with syncs_are_errors() if strict else contextlib.nullcontext():
+            out = [metric(p, t) for p, t in data]
+            out.append(metric.compute())
+        return [value.cpu() for value in out]
+
+    expected = run(strict=False)
+    with torchmetrics_syncfree.patched():
+        got = run(strict=True)
+    for e, g in zip(expected, got):
+        assert (e.dtype, e.shape) == (g.dtype, g.shape)
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-7, equal_nan=True)
