@@ -7,7 +7,10 @@ peers mirror every round without timing. Cases (``kind``):
     ``MetricCollection`` of multiclass macro Accuracy, Precision, Recall and F1 (one compute group) and a
     ``MeanMetric``, 5 classes, 3 updates per rank;
 ``metric``
-    one multiclass macro ``Accuracy``.
+    one multiclass macro ``Accuracy``;
+``forward``
+    the collection above with ``dist_sync_on_step=True`` on every member: one ``forward`` step (``collection(preds,
+    target)``) after the 3 updates, instead of ``compute()``.
 
 Before the timed rounds, one ``compute()`` of each case runs with the ``torch.distributed`` collectives counted and
 a CPU :class:`~torchmetrics_syncfree.SyncProbe` active (the device path: what a GPU run would do), recorded in the
@@ -41,7 +44,7 @@ TIMEOUT = timedelta(seconds=60)
 ROUNDS = 50
 NUM_CLASSES = 5
 CASES = ("stock", "patched")
-KINDS = ("collection", "metric")
+KINDS = ("collection", "metric", "forward")
 _COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast", "barrier")
 
 
@@ -51,7 +54,8 @@ def _setup(case: str, kind: str) -> Any:
         torchmetrics_syncfree.unpatch_all()
     else:
         torchmetrics_syncfree.patch_all()
-    kwargs = {"num_classes": NUM_CLASSES, "average": "macro"}
+    on_step = {"dist_sync_on_step": kind == "forward"}
+    kwargs = {"num_classes": NUM_CLASSES, "average": "macro", **on_step}
     if kind == "metric":
         metric: Any = MulticlassAccuracy(**kwargs)
     else:
@@ -61,7 +65,7 @@ def _setup(case: str, kind: str) -> Any:
                 "prec": MulticlassPrecision(**kwargs),
                 "rec": MulticlassRecall(**kwargs),
                 "f1": MulticlassF1Score(**kwargs),
-                "loss": MeanMetric(),
+                "loss": MeanMetric(**on_step),
             },
             compute_groups=True,
         )
@@ -71,8 +75,17 @@ def _setup(case: str, kind: str) -> Any:
     return metric
 
 
+def _measured(kind: str) -> Any:
+    """The call measured: ``compute()``, or for ``forward`` one step on a batch of this rank's."""
+    if kind != "forward":
+        return lambda metric: metric.compute()
+    gen = torch.Generator().manual_seed(100 + dist.get_rank())
+    batch = (torch.randint(0, NUM_CLASSES, (32,), generator=gen), torch.randint(0, NUM_CLASSES, (32,), generator=gen))
+    return lambda metric: metric(*batch)
+
+
 def _counted(case: str, kind: str) -> dict[str, int]:
-    """One ``compute()`` with the collectives counted and a CPU probe active."""
+    """One measured call (:func:`_measured`) with the collectives counted and a CPU probe active."""
     metric = _setup(case, kind)
     calls: list[str] = []
     originals = {name: getattr(dist, name) for name in _COLLECTIVES}
@@ -88,7 +101,7 @@ def _counted(case: str, kind: str) -> dict[str, int]:
         setattr(dist, name, counting(name))
     try:
         with SyncProbe() as probe:
-            metric.compute()
+            _measured(kind)(metric)
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
@@ -113,7 +126,7 @@ def _peer(rank: int, world_size: int, init: str, commands: Any) -> None:
         case, kind, rounds = command
         _counted(case, kind)
         for _ in range(rounds):
-            _setup(case, kind).compute()
+            _measured(kind)(_setup(case, kind))
     dist.destroy_process_group()
     torchmetrics_syncfree.unpatch_all()
 
@@ -161,6 +174,6 @@ def test_compute(benchmark: Any, world: tuple[int, list[Any]], case: str, kind: 
         queue.put((case, kind, rounds))
     benchmark.group = f"ddp-compute-{kind}-{world_size}ranks"
     benchmark.extra_info.update(_counted(case, kind))
-    benchmark.pedantic(lambda metric: metric.compute(), setup=lambda: ((_setup(case, kind),), {}), rounds=rounds)
+    benchmark.pedantic(_measured(kind), setup=lambda: ((_setup(case, kind),), {}), rounds=rounds)
     if case == "patched":  # what issue 27 asks: one collective, no host read in the sync
         assert benchmark.extra_info["collectives"] == 1 and benchmark.extra_info["host_reads"] == 0
