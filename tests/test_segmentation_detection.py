@@ -83,9 +83,11 @@ def _make(config: tuple[Any, ...], input_format: str = "index", **kwargs: Any) -
 
 @pytest.mark.parametrize("path", PATHS)
 def test_parity_with_stock(path: str) -> None:
-    """forward() per batch and compute(): stock's values, dtypes and shapes, to the bit on both paths."""
+    """forward() per batch and compute(): stock's values, dtypes and shapes, to the bit on both paths (the CPU path
+    calls stock's update: one configuration per distance metric there)."""
+    configs = CONFIGS if path == "device" else [CONFIGS[i] for i in (2, 3, 5)]
     cases = {
-        f"{i}-{config}": ((lambda c=config: _make(c)), _batches("index", seed=i)) for i, config in enumerate(CONFIGS)
+        f"{i}-{config}": ((lambda c=config: _make(c)), _batches("index", seed=i)) for i, config in enumerate(configs)
     }
     for inputs in ("onehot", "bool"):
         cases[inputs] = (lambda: _make(CONFIGS[0], "one-hot"), _batches(inputs, seed=9))
