@@ -269,8 +269,8 @@ AREAS_WITHOUT_PATCHES: dict[str, str] = {
     " RetrievalRecallAtFixedPrecision's fixed-shape choice are layer-only; their series patch is not written yet",
     "bootstrapping": "issue 28: BootStrapper's samples drawn on the device (a fixed number of uniform draws);"
     " layer-only, its series patch is not written yet",
-    "multioutput": "issue 28: MultioutputWrapper's output selection without index copies, remove_nans in one read;"
-    " layer-only, its series patch is not written yet",
+    "multioutput": "issue 28: MultioutputWrapper's output selection without index copies, remove_nans neutralised"
+    " (sum states) or in one read; layer-only, its series patch is not written yet",
     "log_cosh": "issue 28: LogCoshError's count filled on the device; layer-only, its series patch is not written yet",
     "tweedie_deviance": "issue 28: TweedieDevianceScore's count and deferred value checks; layer-only, no series"
     " patch yet",

@@ -4,6 +4,7 @@ MultioutputWrapper's values on both paths and its one documented read with ``rem
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.aggregation import CatMetric, SumMetric
 from torchmetrics.classification import BinaryAccuracy
-from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError
+from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, PearsonCorrCoef
 from torchmetrics.wrappers import BootStrapper, MultioutputWrapper
 
 from tests._classification_cases import assert_identical
@@ -166,12 +167,14 @@ def _labels(seed: int, nan: bool = False, n: int = 20) -> tuple[Tensor, Tensor]:
 
 MULTIOUTPUT: dict[str, tuple[Callable[[], Metric], Callable[..., tuple[Tensor, Tensor]], int]] = {
     # name: (make, inputs, host reads per update/forward on the device path)
-    "mse-remove-nans": (lambda: MultioutputWrapper(MeanSquaredError(), num_outputs=3), _outputs, 1),
+    "mse-remove-nans": (lambda: MultioutputWrapper(MeanSquaredError(), num_outputs=3), _outputs, 0),
+    # states that are not sums: remove_nans reads the kept rows' numbers
+    "pearson-remove-nans": (lambda: MultioutputWrapper(PearsonCorrCoef(), num_outputs=3), _outputs, 1),
     "mae-keep-nans": (lambda: MultioutputWrapper(MeanAbsoluteError(), num_outputs=3, remove_nans=False), _outputs, 0),
     "mse-output-dim-0": (
         lambda: MultioutputWrapper(MeanSquaredError(), num_outputs=3, output_dim=0),
         lambda seed, nan: tuple(x.T.contiguous() for x in _outputs(seed, False)),
-        1,
+        0,
     ),
     "accuracy-int-labels": (lambda: MultioutputWrapper(BinaryAccuracy(), num_outputs=2), _labels, 0),
 }
@@ -191,19 +194,47 @@ def _multioutput_run(make: Callable[[], Metric], inputs: Callable[..., tuple[Ten
 
 @pytest.mark.parametrize("path", ["cpu", "device"])
 def test_multioutput_values_are_stocks(path: str) -> None:
-    """Both paths: stock's values, dtypes and shapes (the same rows in the same order reach each wrapped metric)."""
-    for name, (make, inputs, _) in MULTIOUTPUT.items():
+    """Both paths: stock's values, dtypes and shapes; to the bit where reads are free and where the device path
+    removes the NaN rows (after its one read); up to float32 rounding where it neutralises them in sum states (the
+    filler row's contribution taken off again)."""
+    for name, (make, inputs, reads) in MULTIOUTPUT.items():
         stock = _multioutput_run(make, inputs)
         with _device_path(0) if path == "device" else patched():
             ours = _multioutput_run(make, inputs)
-        assert_identical(stock, ours, name)
+        neutralised = path == "device" and reads == 0 and "remove-nans" in name
+        assert_identical(stock, ours, name, rtol=1e-6 if neutralised else 0.0)
+
+
+def test_multioutput_neutralised_rows_where_an_output_has_no_row_left() -> None:
+    """An output whose rows all have a NaN keeps its states (stock's update of an empty batch), in update and forward;
+    MeanSquaredError (a float and an integer sum) and MeanAbsoluteError."""
+
+    def run(metric: Metric, probe: Any = None) -> list[Tensor]:
+        out = []
+        with probe or contextlib.nullcontext():
+            for seed in range(3):
+                preds, target = _outputs(seed, True)
+                if seed == 1:
+                    preds[:, 1] = float("nan")
+                out.append(metric(preds, target))
+                metric.update(*_outputs(seed + 5, True))
+        return [*out, metric.compute()]
+
+    for make in (lambda: MultioutputWrapper(MeanSquaredError(), 3), lambda: MultioutputWrapper(MeanAbsoluteError(), 3)):
+        stock = run(make())
+        with _device_path(0):
+            probe = SyncProbe()
+            ours = run(make(), probe)
+        assert probe.count == 0, probe.summary()
+        assert_identical(stock, ours, "no row left", rtol=1e-5)
 
 
 @DELAYS
 @pytest.mark.parametrize("name", list(MULTIOUTPUT))
 def test_multioutput_reads(name: str, delay: int | None) -> None:
-    """No read without ``remove_nans`` or without floating-point inputs; with them exactly one per update and forward
-    (the documented read: the kept rows' number), also where a batch has NaN rows; stock reads more."""
+    """No read without ``remove_nans``, without floating-point inputs, or where every wrapped metric's states are sums
+    (NaN rows neutralised); otherwise exactly one per update and forward (the documented read: the kept rows'
+    numbers), also where a batch has NaN rows; stock reads more."""
     make, inputs, reads = MULTIOUTPUT[name]
     with _device_path(delay):
         metric = make()
