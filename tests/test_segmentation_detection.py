@@ -196,6 +196,21 @@ def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: An
         metric.compute()  # reported once
 
 
+def test_metric_made_before_the_patch_reports_each_check(syncfree: Any) -> None:
+    """A metric made unpatched gets its three counters at its first device-path update: each check keeps its kind."""
+    torchmetrics_syncfree.unpatch_all()
+    metric = _make(CONFIGS[0])
+    torchmetrics_syncfree.patch_all()
+    good = _batches("index", seed=13)[0]
+    with SyncProbe():
+        metric.update(*good)
+        with pytest.raises(RuntimeError, match="Expected reduction dim"):
+            metric.update(*_with_empty_class(*good))
+        with pytest.raises(RuntimeError, match="Class values must be"):
+            metric.update(good[0].masked_fill(good[0] == 2, C), good[1])
+    assert int(metric.total) == good[0].shape[0] * C
+
+
 def _brute_force(preds: Tensor, target: Tensor, directed: bool) -> Tensor:
     """The Hausdorff distance of the edges (euclidean, unit spacing) by all pairs of edge pixels."""
     from torchmetrics_syncfree.segmentation.hausdorff_distance import _edges

@@ -181,6 +181,8 @@ def _device_path_supported(preds: Tensor, spacing: Any) -> bool:
     return not torch.is_floating_point(preds) and preds.ndim == 4
 
 
+_KINDS = (CLASS_VALUES, NOT_BINARIZED, EMPTY_MASKS)
+
 _init = replaces(
     f"{_MODULE}.HausdorffDistance.__init__",
     params=(
@@ -197,8 +199,8 @@ _init = replaces(
     _deferred.checked_init(
         f"{_MODULE}.HausdorffDistance.__init__",
         __name__,
-        kinds=lambda metric: (CLASS_VALUES, NOT_BINARIZED, EMPTY_MASKS),
-        size=3,
+        kinds=lambda metric: _KINDS,
+        size=len(_KINDS),
     )
 )
 
@@ -212,6 +214,7 @@ def _update(self: Any, preds: Tensor, target: Tensor) -> None:
     _hausdorff_distance_validate_args(
         self.num_classes, self.include_background, self.distance_metric, self.spacing, self.directed, self.input_format
     )
+    _deferred.keep_kinds(self, _KINDS, size=len(_KINDS))  # a metric made before the patch gets its counters here
     flags: list[Tensor] = []
     preds_oh, target_oh = _format_inputs(
         preds, target, self.num_classes, self.include_background, self.input_format, flags
