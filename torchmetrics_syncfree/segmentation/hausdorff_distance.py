@@ -31,7 +31,8 @@ Why the distance transform is exact: stock's distance between pixels ``(i, j)`` 
 monotone in its second argument, so ``min_(k, l) f(a_k, b_kl) = min_k f(a_k, min_l b_kl)`` even in floating point
 (rounding is monotone). The per-axis terms are computed by stock's own expressions (``(s0 * d) ** 2`` in the dtype that
 stock's promotion gives: int64 for integer spacing, float32 otherwise), the minimum of the square roots is the square
-root of the minimum (``sqrt`` is correctly rounded, hence monotone). Memory: ``images * (H + 2) * (W + 2) *
+root of the minimum (``sqrt`` is correctly rounded, hence monotone). Integer terms are held in float32 where every
+sum stays below ``2**24`` (exact), else in float64. Memory: ``images * (H + 2) * (W + 2) *
 max(H + 2, W + 2)`` elements per chunk, instead of stock's edge points times pixels per image.
 
 Configurations that stay stock's on the device path (they sync as stock): volumes (5-dim inputs: stock's
@@ -97,6 +98,12 @@ def _axis_terms(size: int, step: Any, distance_metric: str, device: torch.device
     return term**2 if distance_metric == "euclidean" else term
 
 
+def _largest_term(size: int, step: Any, distance_metric: str) -> int:
+    """The largest per-axis term of an integer ``step`` over ``size`` pixels (see :func:`_axis_terms`)."""
+    term = abs(int(step)) * (size - 1)
+    return term**2 if distance_metric == "euclidean" else term
+
+
 def _combine(first: Tensor, second: Tensor, distance_metric: str) -> Tensor:
     """Stock's combination of the two axes' terms (before the square root)."""
     if distance_metric == "chessboard":
@@ -114,8 +121,11 @@ def _distance_transform(edges: Tensor, spacing: list[Any] | None, distance_metri
     first = _axis_terms(rows, s0, distance_metric, edges.device)  # (H, H): row i to row k
     second = _axis_terms(cols, s1, distance_metric, edges.device)  # (W, W): column j to column l
     dtype = torch.promote_types(first.dtype, second.dtype)
-    if not dtype.is_floating_point:  # integer spacing: exact in float64 (stock's int64, converted below as stock's)
-        dtype = torch.float64
+    if not dtype.is_floating_point:
+        # integer spacing: stock's int64 values, held exactly in float32 while every sum of two terms stays below
+        # 2**24 (the largest terms are known on the host), else in float64; converted below as stock converts them
+        largest = _largest_term(rows, s0, distance_metric) + _largest_term(cols, s1, distance_metric)
+        dtype = torch.float32 if largest < 2**24 else torch.float64
     first, second = first.to(dtype), second.to(dtype)
     # per row k and column j: the nearest edge pixel of row k, along the row
     along_rows = torch.where(edges.unsqueeze(-2), second, float("inf")).amin(
