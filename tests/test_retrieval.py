@@ -452,6 +452,34 @@ def test_curves_raise_stocks_errors(path: str, case: str) -> None:
 
 
 @layer_only_area
+def test_curve_states_survive_deepcopy_pickle_and_merge_state(syncfree: Any) -> None:
+    """The device path's list states (ignored entries kept) through deepcopy, pickle and merge_state: stock's curve."""
+    data = _batches(12, -1)
+    kwargs = {"max_k": 5, "ignore_index": -1}
+    torchmetrics_syncfree.unpatch_all()
+    reference = retrieval.RetrievalPrecisionRecallCurve(**kwargs)
+    for preds, target, indexes in data:
+        reference.update(preds, target, indexes=indexes)
+    expected = reference.compute()
+    torchmetrics_syncfree.patch_all()
+    metric, other = (retrieval.RetrievalPrecisionRecallCurve(**kwargs) for _ in range(2))
+    with SyncProbe() as probe:
+        for preds, target, indexes in data[:2]:
+            metric.update(preds, target, indexes=indexes)
+        for preds, target, indexes in data[2:]:
+            other.update(preds, target, indexes=indexes)
+    assert probe.count == 0
+    for twin in (copy.deepcopy(metric), pickle.loads(pickle.dumps(metric))):
+        twin.merge_state(other)
+        with SyncProbe():
+            values = twin.compute()
+        for v, e in zip(values, expected):
+            torch.testing.assert_close(v, e, rtol=1e-6, atol=0)
+    metric.reset()
+    assert metric.target == []
+
+
+@layer_only_area
 def test_curve_update_traces_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():
