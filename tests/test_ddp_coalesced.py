@@ -437,7 +437,11 @@ def _on_step_cases(group: Any) -> dict[str, Callable[[], MetricCollection]]:
             compute_groups=False,
         )
 
-    return {"fixed": fixed, "lists": lists}
+    def repeated() -> MetricCollection:  # one object under two names runs twice, in turn, as stock
+        twice = _FullState(**on_step)
+        return MetricCollection({"once": _Fixed(**on_step), "a": twice, "b": twice}, compute_groups=False)
+
+    return {"fixed": fixed, "lists": lists, "repeated": repeated}
 
 
 def _on_step_inputs(rank: int, step: int) -> dict[str, torch.Tensor]:
@@ -539,7 +543,7 @@ def _forward_error(rank: int) -> dict[str, Any]:
 def _check_on_step(per_rank: list[dict[str, Any]]) -> None:
     world = len(per_rank)
     for rank, res in enumerate(per_rank):
-        for name in ("fixed", "lists"):
+        for name in ("fixed", "lists", "repeated"):
             stock = res[f"stock/{name}"]
             for path in ("cpu", "device"):
                 got, where = res[f"{path}/{name}"], f"rank {rank} {path} {name}"
@@ -548,7 +552,8 @@ def _check_on_step(per_rank: list[dict[str, Any]]) -> None:
                 assert _equal(got["compute"], stock["compute"]), where
                 assert got["unsynced"], where
                 # one gather per forward step for all members (two with list states), none of stock's barriers
-                assert got["collectives"] == [["all_gather"] * (2 if name == "lists" else 1)] * FORWARD_STEPS, where
+                gathers = {"fixed": 1, "lists": 2, "repeated": 3}[name]  # repeated: the twice-named one syncs alone
+                assert got["collectives"] == [["all_gather"] * gathers] * FORWARD_STEPS, where
                 assert got["reads"] == [1 if name == "lists" else 0] * FORWARD_STEPS, where  # lists: the sizes
             assert all(len(c) > 4 for c in stock["collectives"]) and all(r > 0 for r in stock["reads"])
         # automatic groups differ between ranks: stock's values, one gather, no hang; listed groups gathered once

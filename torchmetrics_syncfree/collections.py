@@ -42,6 +42,7 @@ _compute_and_reduce`` (``compute`` and ``forward``).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch.distributed as dist
@@ -164,6 +165,7 @@ def _forward_members(collection: Any, args: tuple[Any, ...], kwargs: dict[str, A
     their turn, unchanged.
     """
     members = [(str(name), metric) for name, metric in collection.items(keep_base=True, copy_state=False)]
+    repeated = {key for key, count in Counter(id(metric) for _, metric in members).items() if count > 1}
     results: dict[str, Any] = {}
     position = 0
 
@@ -172,8 +174,8 @@ def _forward_members(collection: Any, args: tuple[Any, ...], kwargs: dict[str, A
         while position < len(members) and len(waiting) < CHAIN:
             name, metric = members[position]
             position += 1
-            if not _syncs_by_default(metric, on_step=True):
-                results[name] = metric(*args, **metric._filter_kwargs(**kwargs))
+            if id(metric) in repeated or not _syncs_by_default(metric, on_step=True):  # (one object, two names:
+                results[name] = metric(*args, **metric._filter_kwargs(**kwargs))  # its calls must not nest)
                 continue
             original = metric.__dict__["compute"]
             paused: list[bool] = []
@@ -197,15 +199,15 @@ def _forward_members(collection: Any, args: tuple[Any, ...], kwargs: dict[str, A
 
 def _reduced_results(collection: Any, results: dict[str, Any]) -> dict[str, Any]:
     """Stock's flattening and renaming of the members' ``results`` (stock's loop, each member returning its result)."""
-    members = list(collection._modules.items())
-    for name, metric in members:
-        metric.__dict__["_syncfree_compute"] = metric.__dict__.get("compute")
-        metric.__dict__["compute"] = lambda _r=results[str(name)]: _r
+    queued: dict[int, tuple[Any, Any, list[Any]]] = {}  # per member object (one may have two names): its results
+    for name, metric in collection._modules.items():
+        queued.setdefault(id(metric), (metric, metric.__dict__.get("compute"), []))[2].append(results[str(name)])
+    for metric, _, values in queued.values():
+        metric.__dict__["compute"] = lambda _v=values: _v.pop(0)  # stock's loop asks in the order of the names
     try:
         return stock(_TARGET)(collection, "compute")
     finally:
-        for _, metric in members:
-            compute = metric.__dict__.pop("_syncfree_compute")
+        for metric, compute, _ in queued.values():
             if compute is None:
                 del metric.__dict__["compute"]
             else:
