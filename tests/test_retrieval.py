@@ -398,25 +398,30 @@ def test_curves_parity_with_stock(path: str) -> None:
 
 
 @layer_only_area
-@pytest.mark.parametrize("label", ["curve-max_k", "recall@precision-adaptive", "curve"])
-def test_curves_update_forward_and_compute_are_sync_free(syncfree: Any, label: str) -> None:
+@pytest.mark.parametrize("delay", [0, None], ids=["copy-arrived", "copy-in-flight"])
+@pytest.mark.parametrize("label", ["curve-max_k", "recall@precision-adaptive", "curve", "AUROC"])
+def test_curves_update_forward_and_compute_are_sync_free(syncfree: Any, label: str, delay: int | None) -> None:
     """0 reads in update; forward and compute read only the size of the largest query when ``max_k`` is not set
-    (the length of their output), once each."""
-    cls, kwargs = CURVE_CASES[label]
+    (the length of their output), once each; also with the check counters' copy in flight (a GPU a step behind),
+    where compute() reads the counters once more (its eager point)."""
+    if label == "AUROC":
+        _skip_in_tree_mode(label)
+    auroc = (retrieval.RetrievalAUROC, {"max_fpr": 0.5, "ignore_index": -1})
+    cls, kwargs = auroc if label == "AUROC" else CURVE_CASES[label]
     data = _batches(3, kwargs.get("ignore_index"))
     metric = cls(**kwargs)
-    with SyncProbe() as probe:
+    with _deferred.simulated_copy_delay(delay), SyncProbe() as probe:
         for preds, target, indexes in data[:2]:
             metric.update(preds, target, indexes=indexes)
     assert probe.count == 0, probe.summary()
-    reads = 0 if kwargs.get("max_k") else 1
+    reads = 0 if kwargs.get("max_k") or label == "AUROC" else 1
     for preds, target, indexes in data[2:]:
-        with SyncProbe() as probe:
+        with _deferred.simulated_copy_delay(delay), SyncProbe() as probe:
             metric(preds, target, indexes=indexes)
         assert probe.count == reads, probe.summary()
-    with SyncProbe() as probe:
+    with _deferred.simulated_copy_delay(delay), SyncProbe() as probe:
         metric.compute()
-    assert probe.count == reads, probe.summary()
+    assert probe.count == reads + (delay is None), probe.summary()
 
 
 @layer_only_area
