@@ -242,47 +242,22 @@ def _simulate_device(deferred: ModuleType) -> None:
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
 AREAS_WITHOUT_PATCHES: dict[str, str] = {
-    **dict.fromkeys(
-        ("cramers", "tschuprows", "pearsons_contingency", "theils_u"),
-        "issue 28: the nominal metrics' update/compute (fixed-size contingency counting, empty rows and columns"
-        " neutralised with torch.where, the bias-correction warning deferred) are layer-only; no series patch yet",
-    ),
     "calibration_error": "issue 28: CalibrationError's update/compute (deferred validation, ignored entries kept in the"
     " list state, l2's zero by torch.where) are layer-only; their series patch is not written yet",
     "group_fairness": "issue 28: BinaryGroupStatRates/BinaryFairness (fixed-size per-group counting, the groups' range"
     " as a deferred check, the fairness keys in one read) are layer-only; their series patch is not written yet",
     "ranking": "issue 28: the multilabel ranking metrics (sort + searchsorted ranks, masked sums, compute without"
     " .item()) are layer-only; their series patch is not written yet",
-    "clustering": "issue 28: the twelve clustering metrics' functional entry points (one host read per call, the"
-    " number of clusters); layer-only, their series patch is not written yet",
     "wrapper_checks": "issue 28: Running's update/forward/compute and the MinMaxMetric/BootStrapper forwards hold the"
     " wrapped metrics (internal resets keep their pending checks); the series' deferred-checks patch needs a"
     " `held` helper in torchmetrics.utilities.deferred and these five methods",
     "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
     " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
-    **{
-        area: "issue 28: the image metrics' host copies, index tensors and masked writes are layer-only; their series"
-        " patch is not written yet"
-        for area in ("psnrb", "ssim", "vif", "rase", "scc")
-    },
-    "retrieval_precision_recall_curve": "issue 28: RetrievalPrecisionRecallCurve's update/compute and"
-    " RetrievalRecallAtFixedPrecision's fixed-shape choice are layer-only; their series patch is not written yet",
-    "bootstrapping": "issue 28: BootStrapper's samples drawn on the device (a fixed number of uniform draws);"
-    " layer-only, its series patch is not written yet",
     "multioutput": "issue 28: MultioutputWrapper's output selection without index copies, remove_nans neutralised"
     " (sum states) or in one read; layer-only, its series patch is not written yet",
-    "log_cosh": "issue 28: LogCoshError's count filled on the device; layer-only, its series patch is not written yet",
-    "tweedie_deviance": "issue 28: TweedieDevianceScore's count and deferred value checks; layer-only, no series"
-    " patch yet",
-    "concordance": "issue 28: ConcordanceCorrCoef's compute through the sync-free Pearson coefficient; layer-only, no"
-    " series patch yet",
-    "kendall": "issue 28: KendallRankCorrCoef's ties, distinct values and p-value without unique/bincount/copies;"
-    " layer-only, no series patch yet",
     "hausdorff_distance": "issue 28: HausdorffDistance's batched, separable distance transform and deferred checks;"
     " layer-only, no series patch yet",
     "detection_iou": "issue 28: the box IoU metrics' mask writes as masked_fill_ and their compute without reads;"
-    " layer-only, no series patch yet",
-    "panoptic_qualities": "issue 28: PanopticQuality/ModifiedPanopticQuality in one batched sort-based pass;"
     " layer-only, no series patch yet",
 }
 
@@ -294,6 +269,8 @@ LAYER_ONLY_TARGETS: dict[str, str] = {
     ' `torch.full`, and no stat-score metric passes "warn"',
     "torchmetrics.regression.pearson.PearsonCorrCoef.update": "1.6 and 1.7.1 read the prior count in the update"
     " (`num_prior.mean() > 0`); master and 1.9 (1.7.4+) update without reads",
+    "torchmetrics.functional.image.psnrb._psnrb_compute": "1.6 and 1.7 pick the result's dtype with"
+    " `if data_range > 2` (a read); master and 1.8+ compute without it",
 }
 
 

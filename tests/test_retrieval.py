@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,6 @@ from torch import Tensor
 from torchmetrics import retrieval
 
 import torchmetrics_syncfree
-from tests import _series_tree
 from tests._classification_cases import pending_checks
 from tests._probing import graph_breaks
 from torchmetrics_syncfree import SyncProbe, _deferred
@@ -40,15 +38,6 @@ METRICS: dict[str, tuple[type, list[dict[str, Any]]]] = {
     "FallOut": (retrieval.RetrievalFallOut, [{}, {"top_k": 3}]),
     "AUROC": (retrieval.RetrievalAUROC, [{}, {"top_k": 3}, {"max_fpr": 0.5}]),
 }
-#: metrics whose fixed-shape compute the series does not have yet: their device-path read counts are the layer's
-LAYER_ONLY_COMPUTES = {"AUROC"}
-TREE_MODE = bool(os.environ.get(_series_tree.TREE_ENV))
-
-
-def _skip_in_tree_mode(name: str) -> None:
-    if TREE_MODE and name in LAYER_ONLY_COMPUTES:
-        pytest.skip(f"tree mode: the series' retrieval patch has no fixed-shape compute for {name} yet")
-
 
 ACTIONS = ("neg", "pos", "skip")
 AGGREGATIONS = ("mean", "median", "min", "max")
@@ -165,8 +154,6 @@ def test_parity_with_stock_whole_matrix(path: str) -> None:
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", list(METRICS))
 def test_empty_target_action_error_raises_stocks_error_from_compute(path: str, name: str) -> None:
-    if path == "device":
-        _skip_in_tree_mode(name)
     cls = METRICS[name][0]
     preds, indexes = torch.randn(6), torch.tensor([0, 0, 1, 1, 2, 2])
     empty = torch.tensor([1, 1, 0, 1, 1, 0]) if name == "FallOut" else torch.tensor([0, 0, 0, 1, 1, 0])
@@ -193,7 +180,6 @@ def test_empty_target_action_error_raises_stocks_error_from_compute(path: str, n
 
 @pytest.mark.parametrize("name", list(METRICS))
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> None:
-    _skip_in_tree_mode(name)
     cls, extras = METRICS[name]
     for extra in extras:
         for ignore_index in (None, -1):
@@ -366,9 +352,6 @@ CURVE_CASES: dict[str, tuple[type, dict[str, Any]]] = {
         {"min_precision": 0.0, "max_k": 6, "adaptive_k": True, "ignore_index": -1},
     ),
 }
-layer_only_area = pytest.mark.skipif(
-    TREE_MODE, reason="tree mode: retrieval_precision_recall_curve has no series patch yet (AREAS_WITHOUT_PATCHES)"
-)
 
 
 def _curve_run(cls: type, kwargs: dict[str, Any], data: list[Batch]) -> list[Tensor]:
@@ -380,7 +363,6 @@ def _curve_run(cls: type, kwargs: dict[str, Any], data: list[Batch]) -> list[Ten
     return out
 
 
-@layer_only_area
 @pytest.mark.parametrize("path", PATHS)
 def test_curves_parity_with_stock(path: str) -> None:
     """Precision/recall curves and recall at fixed precision: stock's values, dtypes, shapes and devices (max_k set or
@@ -397,15 +379,12 @@ def test_curves_parity_with_stock(path: str) -> None:
             torch.testing.assert_close(p, s, rtol=rtol, atol=0, msg=lambda m, w=f"{label} value {i}": f"{w}: {m}")
 
 
-@layer_only_area
 @pytest.mark.parametrize("delay", [0, None], ids=["copy-arrived", "copy-in-flight"])
 @pytest.mark.parametrize("label", ["curve-max_k", "recall@precision-adaptive", "curve", "AUROC"])
 def test_curves_update_forward_and_compute_are_sync_free(syncfree: Any, label: str, delay: int | None) -> None:
     """0 reads in update; forward and compute read only the size of the largest query when ``max_k`` is not set
     (the length of their output), once each; also with the check counters' copy in flight (a GPU a step behind),
     where compute() reads the counters once more (its eager point)."""
-    if label == "AUROC":
-        _skip_in_tree_mode(label)
     auroc = (retrieval.RetrievalAUROC, {"max_fpr": 0.5, "ignore_index": -1})
     cls, kwargs = auroc if label == "AUROC" else CURVE_CASES[label]
     data = _batches(3, kwargs.get("ignore_index"))
@@ -424,7 +403,6 @@ def test_curves_update_forward_and_compute_are_sync_free(syncfree: Any, label: s
     assert probe.count == reads + (delay is None), probe.summary()
 
 
-@layer_only_area
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", ["target 2", "all ignored", "no positive"])
 def test_curves_raise_stocks_errors(path: str, case: str) -> None:
@@ -456,7 +434,6 @@ def test_curves_raise_stocks_errors(path: str, case: str) -> None:
                 torch.testing.assert_close(p, s, rtol=1e-6, atol=0)
 
 
-@layer_only_area
 def test_curve_states_survive_deepcopy_pickle_and_merge_state(syncfree: Any) -> None:
     """The device path's list states (ignored entries kept) through deepcopy, pickle and merge_state: stock's curve."""
     data = _batches(12, -1)
@@ -484,7 +461,6 @@ def test_curve_states_survive_deepcopy_pickle_and_merge_state(syncfree: Any) -> 
     assert metric.target == []
 
 
-@layer_only_area
 def test_curve_update_traces_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():
