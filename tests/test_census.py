@@ -124,3 +124,30 @@ def test_the_command_line_census_of_one_class(capsys):
     assert main(["audit", "--all", "--only", "MeanMetric", "--markdown"]) == 0
     assert "| aggregation | 1 | 1/1 (stock 0) |" in capsys.readouterr().out
     assert main(["audit", "--all", "--only", "NoSuchMetric"]) == 2
+
+
+def test_one_data_sized_read_in_the_projects_forward_is_annotated():
+    """A forward whose only sync is one read in the project's code (the number of clusters) is annotated, not clean;
+    stock's reads (or several) are not."""
+
+    def entry(name: str, at: str, count: int = 1) -> dict:
+        row = _entry(name, "fam", (0, 1, 1), (0, count, 0))
+        row["reasons"]["patched"]["forward"] = [
+            {"count": count, "kind": "device-to-host read", "op": "Tensor.tolist", "at": at}
+        ]
+        return row
+
+    payload = {
+        "torchmetrics": "1.9.0",
+        "batch": 32,
+        "classes": 5,
+        "rows": [
+            entry("Once", "torchmetrics_syncfree/clustering/utils.py:137"),
+            entry("Stock", "torchmetrics/functional/classification/roc.py:60"),
+            entry("Twice", "torchmetrics_syncfree/clustering/utils.py:137", count=2),
+        ],
+    }
+    fam = census.family_stats(payload)["fam"]
+    assert (fam.clean["patched"]["forward"], fam.forward_reads_size_once) == (0, 1)
+    table = census.format_markdown(payload)
+    assert "| fam | 3 | 3/3 (stock 3) | 0/3 (stock 0), 1 read a data-sized length once |" in table
