@@ -241,25 +241,7 @@ def _simulate_device(deferred: ModuleType) -> None:
 
 #: Areas of the monkeypatch layer whose upstream patches are not written yet. They are left out of the drift check
 #: (and so of tree mode) by name, visibly; remove an entry in the same change that adds its patches to patches/.
-AREAS_WITHOUT_PATCHES: dict[str, str] = {
-    "calibration_error": "issue 28: CalibrationError's update/compute (deferred validation, ignored entries kept in the"
-    " list state, l2's zero by torch.where) are layer-only; their series patch is not written yet",
-    "group_fairness": "issue 28: BinaryGroupStatRates/BinaryFairness (fixed-size per-group counting, the groups' range"
-    " as a deferred check, the fairness keys in one read) are layer-only; their series patch is not written yet",
-    "ranking": "issue 28: the multilabel ranking metrics (sort + searchsorted ranks, masked sums, compute without"
-    " .item()) are layer-only; their series patch is not written yet",
-    "wrapper_checks": "issue 28: Running's update/forward/compute and the MinMaxMetric/BootStrapper forwards hold the"
-    " wrapped metrics (internal resets keep their pending checks); the series' deferred-checks patch needs a"
-    " `held` helper in torchmetrics.utilities.deferred and these five methods",
-    "fixed_point_curves": "issue 28: the fixed-output curve computes (PrecisionAtFixedRecall, RecallAtFixedPrecision,"
-    " SensitivityAtSpecificity, SpecificityAtSensitivity, EER) are layer-only; their series patch is not written yet",
-    "multioutput": "issue 28: MultioutputWrapper's output selection without index copies, remove_nans neutralised"
-    " (sum states) or in one read; layer-only, its series patch is not written yet",
-    "hausdorff_distance": "issue 28: HausdorffDistance's batched, separable distance transform and deferred checks;"
-    " layer-only, no series patch yet",
-    "detection_iou": "issue 28: the box IoU metrics' mask writes as masked_fill_ and their compute without reads;"
-    " layer-only, no series patch yet",
-}
+AREAS_WITHOUT_PATCHES: dict[str, str] = {}
 
 
 #: Targets the layer replaces only for older releases: upstream master (what the series is made against) already has

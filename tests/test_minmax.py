@@ -19,7 +19,6 @@ from torchmetrics.classification import BinaryAccuracy
 from torchmetrics.wrappers import MinMaxMetric
 
 import torchmetrics_syncfree
-from tests import _series_tree
 from tests._classification_cases import PATHS, assert_identical
 from tests._probing import graph_breaks
 from torchmetrics_syncfree import SyncProbe, _deferred
@@ -84,8 +83,6 @@ def test_forward_and_compute_are_sync_free(syncfree: Any, name: str, delay: int 
     """No sync in update and forward, also with the check counters' host copy still in flight (a GPU a step behind:
     the forward's internal reset and compute of the base metric then must not read them); a ``compute()`` reads the
     base metric's checks at most once, and only where it validates and its copy has not arrived."""
-    if delay is None and _series_tree.series_module("torchmetrics.utilities.deferred") is not None:
-        pytest.skip("tree mode: the series has no patch of the wrappers' internal resets yet (AREAS_WITHOUT_PATCHES)")
     make, dtype = CASES[name]
     data = _update_args(name, _batches(dtype, seed=1))
     metric = make()

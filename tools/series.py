@@ -138,6 +138,40 @@ RETRIEVAL_TESTS = tuple(
     for name in ("mrr", "hit_rate", "precision", "recall", "map", "ndcg", "r_precision", "fallout", "auroc")
 )
 FALL_OUT_TESTS = ("unittests/retrieval/test_fallout.py",)
+#: issue 28's second round (series 0043-0050): the classification leftovers, the fixed-output curves'
+#: computes, MultioutputWrapper, HausdorffDistance, the box IoU metrics and the wrappers' held internal resets
+CLASSIFICATION_28_SOURCES = tuple(
+    f"src/torchmetrics/{prefix}classification/{name}.py"
+    for prefix in ("", "functional/")
+    for name in ("calibration_error", "group_fairness", "ranking")
+)
+FIXED_POINT_SOURCES = (
+    *(
+        f"src/torchmetrics/classification/{name}.py"
+        for name in (
+            "eer",
+            "precision_fixed_recall",
+            "recall_fixed_precision",
+            "sensitivity_specificity",
+            "specificity_sensitivity",
+        )
+    ),
+    *(
+        f"src/torchmetrics/functional/classification/{name}.py"
+        for name in ("eer", "precision_fixed_recall", "recall_fixed_precision")
+    ),
+)
+#: their upstream suites: ~2470 tests, heavy (upstream-full), the added tests run by hand (docs/patches.md)
+FIXED_POINT_TESTS = tuple(
+    f"unittests/classification/test_{name}.py"
+    for name in (
+        "eer",
+        "precision_fixed_recall",
+        "recall_fixed_precision",
+        "sensitivity_specificity",
+        "specificity_sensitivity",
+    )
+)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -161,6 +195,7 @@ TESTS_FOR_SOURCE = {
         True,
     ),
     **{path: (tests, True) for path, tests in REGRESSION_TESTS.items()},
+    **{path: (FIXED_POINT_TESTS, True) for path in FIXED_POINT_SOURCES},
     # the in-place state updates' helpers: metrics across inference-mode epochs (not heavy, seconds)
     "src/torchmetrics/utilities/states.py": (("unittests/bases/test_inference_mode.py",), False),
     "src/torchmetrics/metric.py": (
@@ -217,6 +252,11 @@ OPTIONAL_PACKAGE_TESTS = {
     # series 0036 adds tests to both: they import pandas at the top
     "unittests/nominal/test_pearson.py": "pandas",
     "unittests/nominal/test_tschuprows.py": "pandas",
+    # series 0043-0050 add tests to these: upstream's references need netcal, fairlearn, monai and torchvision
+    "unittests/classification/test_calibration_error.py": "netcal",
+    "unittests/classification/test_group_fairness.py": "fairlearn",
+    "unittests/segmentation/test_hausdorff_distance.py": "monai",
+    "unittests/detection/test_intersection.py": "torchvision",
 }
 #: need matplotlib and the optional extras of every metric domain (plots), or the image extras (torch-fidelity, for
 #: FeatureShare's feature extractors); the series touches neither plotting nor feature extraction
@@ -327,18 +367,20 @@ PANOPTIC_SOURCES = (
     "src/torchmetrics/detection/panoptic_qualities.py",
     "src/torchmetrics/functional/detection/_panoptic_quality_common.py",
 )
-#: the panoptic tests of the segmentation/detection suite (HausdorffDistance and the box IoU metrics have no series
-#: patch yet: their tests of the layer would fail against the tree)
-PANOPTIC_PROJECT_TESTS = tuple(
-    f"tests/test_segmentation_detection.py::test_panoptic_{name}"
-    for name in (
-        "parity_with_stock",
-        "update_and_forward_are_sync_free",
-        "stock_syncs_and_launches",
-        "unknown_category_raises_stocks_error",
-        "invalid_input_raises_stocks_error_at_once",
-        "update_traces_with_fullgraph",
-    )
+#: issue 28's second round (series 0043-0050), continued
+SEGMENTATION_DETECTION_28_SOURCES = (
+    "src/torchmetrics/functional/segmentation/hausdorff_distance.py",
+    "src/torchmetrics/segmentation/hausdorff_distance.py",
+    "src/torchmetrics/detection/iou.py",
+    *(f"src/torchmetrics/functional/detection/{name}.py" for name in ("iou", "giou", "diou", "ciou")),
+)
+#: the segmentation/detection suite: HausdorffDistance, PanopticQuality and the box IoU metrics (which skip without
+#: torchvision)
+PANOPTIC_PROJECT_TESTS = ("tests/test_segmentation_detection.py",)
+WRAPPER_CHECKS_PROJECT_TESTS = ("tests/test_wrapper_checks.py",)
+MULTIOUTPUT_PROJECT_TESTS = tuple(
+    f"tests/test_wrappers_more.py::test_multioutput_{name}"
+    for name in ("values_are_stocks", "neutralised_rows_where_an_output_has_no_row_left", "reads")
 )
 #: BootStrapper's tests of the wrappers suite (MultioutputWrapper has no series patch yet)
 BOOTSTRAP_PROJECT_TESTS = tuple(
@@ -356,7 +398,8 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
     + CLASSIFICATION_PROJECT_TESTS
-    + DEFERRED_PROJECT_TESTS,
+    + DEFERRED_PROJECT_TESTS
+    + WRAPPER_CHECKS_PROJECT_TESTS,
     "src/torchmetrics/utilities/distributed.py": DDP_PROJECT_TESTS,
     "src/torchmetrics/collections.py": DDP_PROJECT_TESTS,
     # the helpers of the in-place state updates (and their case of states made under inference mode)
@@ -375,13 +418,14 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(PR_CURVE_SOURCES, PR_CURVE_PROJECT_TESTS),
     **dict.fromkeys(CURVE_COMPUTE_SOURCES, CURVE_COMPUTE_PROJECT_TESTS + PR_CURVE_PROJECT_TESTS),
     "src/torchmetrics/functional/classification/precision_recall_curve.py": PR_CURVE_PROJECT_TESTS
-    + CURVE_COMPUTE_PROJECT_TESTS,
+    + CURVE_COMPUTE_PROJECT_TESTS
+    + ("tests/test_fixed_point_curves.py",),
     "src/torchmetrics/regression/r2.py": R2_PROJECT_TESTS,
     "src/torchmetrics/regression/explained_variance.py": R2_PROJECT_TESTS,
     "src/torchmetrics/regression/pearson.py": PEARSON_PROJECT_TESTS,
     "src/torchmetrics/functional/regression/kl_divergence.py": KL_SPEARMAN_PROJECT_TESTS,
     "src/torchmetrics/regression/spearman.py": KL_SPEARMAN_PROJECT_TESTS,
-    **dict.fromkeys(MINMAX_SOURCES, MINMAX_PROJECT_TESTS),
+    **dict.fromkeys(MINMAX_SOURCES, MINMAX_PROJECT_TESTS + WRAPPER_CHECKS_PROJECT_TESTS),
     **dict.fromkeys(PERPLEXITY_SOURCES, PERPLEXITY_PROJECT_TESTS),
     **dict.fromkeys(PSNR_SOURCES, PSNR_PROJECT_TESTS),
     **dict.fromkeys(GENERALIZED_DICE_SOURCES, GENERALIZED_DICE_PROJECT_TESTS),
@@ -392,7 +436,13 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(IMAGE_28_SOURCES, ("tests/test_image_more.py",)),
     **dict.fromkeys(PANOPTIC_SOURCES, PANOPTIC_PROJECT_TESTS),
     "src/torchmetrics/retrieval/precision_recall_curve.py": RETRIEVAL_PROJECT_TESTS,
-    "src/torchmetrics/wrappers/bootstrapping.py": BOOTSTRAP_PROJECT_TESTS,
+    "src/torchmetrics/wrappers/bootstrapping.py": BOOTSTRAP_PROJECT_TESTS + WRAPPER_CHECKS_PROJECT_TESTS,
+    **dict.fromkeys(CLASSIFICATION_28_SOURCES, ("tests/test_classification_more.py",)),
+    **dict.fromkeys(FIXED_POINT_SOURCES, ("tests/test_fixed_point_curves.py",)),
+    **dict.fromkeys(SEGMENTATION_DETECTION_28_SOURCES, PANOPTIC_PROJECT_TESTS),
+    "src/torchmetrics/wrappers/multioutput.py": MULTIOUTPUT_PROJECT_TESTS,
+    # the wrappers' held internal resets (series 0050, with ``deferred.held``)
+    "src/torchmetrics/wrappers/running.py": WRAPPER_CHECKS_PROJECT_TESTS,
 }
 
 
