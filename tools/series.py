@@ -252,6 +252,10 @@ OPTIONAL_PACKAGE_TESTS = {
     # series 0036 adds tests to both: they import pandas at the top
     "unittests/nominal/test_pearson.py": "pandas",
     "unittests/nominal/test_tschuprows.py": "pandas",
+    # their references skip without dython, and a skip raised inside upstream's DDP process pool hangs the pool
+    # (stock's tree alike): left out where dython is missing (series 0036's tests there ran by hand, docs/patches.md)
+    "unittests/nominal/test_cramers.py": "dython",
+    "unittests/nominal/test_theils_u.py": "dython",
     # series 0043-0050 add tests to these: upstream's references need netcal, fairlearn, monai and torchvision
     "unittests/classification/test_calibration_error.py": "netcal",
     "unittests/classification/test_group_fairness.py": "fairlearn",
