@@ -145,33 +145,20 @@ CLASSIFICATION_28_SOURCES = tuple(
     for prefix in ("", "functional/")
     for name in ("calibration_error", "group_fairness", "ranking")
 )
+#: the fixed-output curve metrics' upstream modules (the functional side has no sensitivity/specificity modules)
+FIXED_POINT_MODULES = (
+    "eer",
+    "precision_fixed_recall",
+    "recall_fixed_precision",
+    "sensitivity_specificity",
+    "specificity_sensitivity",
+)
 FIXED_POINT_SOURCES = (
-    *(
-        f"src/torchmetrics/classification/{name}.py"
-        for name in (
-            "eer",
-            "precision_fixed_recall",
-            "recall_fixed_precision",
-            "sensitivity_specificity",
-            "specificity_sensitivity",
-        )
-    ),
-    *(
-        f"src/torchmetrics/functional/classification/{name}.py"
-        for name in ("eer", "precision_fixed_recall", "recall_fixed_precision")
-    ),
+    *(f"src/torchmetrics/classification/{name}.py" for name in FIXED_POINT_MODULES),
+    *(f"src/torchmetrics/functional/classification/{name}.py" for name in FIXED_POINT_MODULES[:3]),
 )
 #: their upstream suites: ~2470 tests, heavy (upstream-full), the added tests run by hand (docs/patches.md)
-FIXED_POINT_TESTS = tuple(
-    f"unittests/classification/test_{name}.py"
-    for name in (
-        "eer",
-        "precision_fixed_recall",
-        "recall_fixed_precision",
-        "sensitivity_specificity",
-        "specificity_sensitivity",
-    )
-)
+FIXED_POINT_TESTS = tuple(f"unittests/classification/test_{name}.py" for name in FIXED_POINT_MODULES)
 #: source prefix -> (upstream tests, heavy?) ; heavy suites run on the first snapshot only
 TESTS_FOR_SOURCE = {
     "src/torchmetrics/classification/": (CLASSIFICATION_TESTS, True),
@@ -380,24 +367,10 @@ SEGMENTATION_DETECTION_28_SOURCES = (
 )
 #: the segmentation/detection suite: HausdorffDistance, PanopticQuality and the box IoU metrics (which skip without
 #: torchvision)
-PANOPTIC_PROJECT_TESTS = ("tests/test_segmentation_detection.py",)
+SEGMENTATION_DETECTION_PROJECT_TESTS = ("tests/test_segmentation_detection.py",)
 WRAPPER_CHECKS_PROJECT_TESTS = ("tests/test_wrapper_checks.py",)
-MULTIOUTPUT_PROJECT_TESTS = tuple(
-    f"tests/test_wrappers_more.py::test_multioutput_{name}"
-    for name in ("values_are_stocks", "neutralised_rows_where_an_output_has_no_row_left", "reads")
-)
-#: BootStrapper's tests of the wrappers suite (MultioutputWrapper has no series patch yet)
-BOOTSTRAP_PROJECT_TESTS = tuple(
-    f"tests/test_wrappers_more.py::test_bootstrapper_{name}"
-    for name in (
-        "cpu_path_is_stocks_to_the_bit",
-        "update_forward_and_compute_are_sync_free",
-        "device_path_draws_size_samples_uniformly",
-        "device_path_is_seeded_and_never_skips",
-        "launches_no_more_than_stock",
-        "update_traces_without_a_graph_break",
-    )
-)
+#: BootStrapper's and MultioutputWrapper's suite (both wrappers have their patches, 0042 and 0047)
+WRAPPERS_MORE_PROJECT_TESTS = ("tests/test_wrappers_more.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -438,13 +411,13 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(NOMINAL_SOURCES, ("tests/test_nominal.py",)),
     **dict.fromkeys(CLUSTERING_SOURCES, ("tests/test_clustering.py",)),
     **dict.fromkeys(IMAGE_28_SOURCES, ("tests/test_image_more.py",)),
-    **dict.fromkeys(PANOPTIC_SOURCES, PANOPTIC_PROJECT_TESTS),
+    **dict.fromkeys(PANOPTIC_SOURCES, SEGMENTATION_DETECTION_PROJECT_TESTS),
     "src/torchmetrics/retrieval/precision_recall_curve.py": RETRIEVAL_PROJECT_TESTS,
-    "src/torchmetrics/wrappers/bootstrapping.py": BOOTSTRAP_PROJECT_TESTS + WRAPPER_CHECKS_PROJECT_TESTS,
+    "src/torchmetrics/wrappers/bootstrapping.py": WRAPPERS_MORE_PROJECT_TESTS + WRAPPER_CHECKS_PROJECT_TESTS,
     **dict.fromkeys(CLASSIFICATION_28_SOURCES, ("tests/test_classification_more.py",)),
     **dict.fromkeys(FIXED_POINT_SOURCES, ("tests/test_fixed_point_curves.py",)),
-    **dict.fromkeys(SEGMENTATION_DETECTION_28_SOURCES, PANOPTIC_PROJECT_TESTS),
-    "src/torchmetrics/wrappers/multioutput.py": MULTIOUTPUT_PROJECT_TESTS,
+    **dict.fromkeys(SEGMENTATION_DETECTION_28_SOURCES, SEGMENTATION_DETECTION_PROJECT_TESTS),
+    "src/torchmetrics/wrappers/multioutput.py": WRAPPERS_MORE_PROJECT_TESTS,
     # the wrappers' held internal resets (series 0050, with ``deferred.held``)
     "src/torchmetrics/wrappers/running.py": WRAPPER_CHECKS_PROJECT_TESTS,
 }
