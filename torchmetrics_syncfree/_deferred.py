@@ -504,11 +504,14 @@ class _Reader:
     def take(self, counters: Tensor) -> list[int]:
         """The snapshot's counts (the host copy has arrived), consumed from ``counters`` in place."""
         self.in_flight = False
-        self.rest = _copy_interval - 1
         with probe.quiet():  # the host copy: reading it never synchronizes
             counts = self.host.tolist()
         if any(counts):
             counters.sub_(self.snapshot)
+        # after a report the next sweep copies again: a problem seen once tends to come back, and a user who has just
+        # been told of one (an error caught, the metric fed again) hears of the next at the next update, not up to
+        # ``COPY_INTERVAL`` updates later; clean copies, the common case, keep the interval
+        self.rest = 0 if any(counts) else _copy_interval - 1
         return counts
 
 
