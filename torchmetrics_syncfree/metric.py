@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import declares_setting, replaces, stock
@@ -147,7 +148,7 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
     update_count = self._update_count
     self._to_sync = self.dist_sync_on_step
     self.compute_on_cpu = False
-    cache = self._copy_state_dict()
+    cache = _global_state(self)
     try:
         # reset, update, compute on the batch alone
         self._enable_grad = True
@@ -170,13 +171,30 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
     return batch_value
 
 
+def _global_state(self: Any) -> dict[str, Any]:
+    """The global states ``forward`` keeps aside while the batch alone is updated and computed.
+
+    Stock clones every tensor here. But its ``reset()`` replaces each tensor state with a fresh copy of its default,
+    which the batch's update then writes: the global tensors stay as they are without a copy, one launch per state
+    saved. A list state is copied as a list, not element by element: ``reset()`` empties the list object in place, its
+    elements it leaves alone (so a list state's history is no longer copied on every step). A class with its own
+    ``reset()`` keeps stock's copies.
+    """
+    if type(self).reset is not reset:
+        return self._copy_state_dict()
+    return {
+        attr: value if isinstance(value, Tensor) else list(value)
+        for attr, value in ((attr, getattr(self, attr)) for attr in self._defaults)
+    }
+
+
 @replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
     # one function, no context manager: every Python call here is host time of every forward
     defaults, idle = _deferred.leave_out_counters(self)
     try:
-        global_state = self._copy_state_dict()
+        global_state = _global_state(self)
         update_count = self._update_count
         compute_on_cpu = self.compute_on_cpu
         self._should_unsync = False  # before reset(), so that it knows it is forward's (stock sets it just after)
