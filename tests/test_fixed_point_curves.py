@@ -266,3 +266,24 @@ def test_unbinned_compute_traces_without_a_graph_break(syncfree: Any, name: str)
     compiled = torch.compile(compute, fullgraph=True, backend="aot_eager")(metric)
     torch._dynamo.reset()
     torch.testing.assert_close(compiled, eager, equal_nan=True)  # (the class that never occurs: a NaN threshold)
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("name", list(METRICS))
+def test_device_path_results_need_no_grad_and_take_half(name: str, task: str) -> None:
+    """Found by upstream's suites on the device path: ``forward`` of scores that require grad gives results that do
+    not (stock's curve is made under ``no_grad``; ``is_differentiable`` is False), and half precision scores give
+    stock's values (its no-value threshold ``1e6`` is ``inf`` in half precision; ``full_like`` of more than one
+    element refused it)."""
+    preds, target = _batches(task, None, seed=7, n=32)[0]
+    if task == "multiclass":
+        preds = preds.softmax(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = _flat(_make(name, task, None)(preds.half(), target))
+        with torchmetrics_syncfree.patched(), SyncProbe():
+            found = _flat(_make(name, task, None)(preds.clone().requires_grad_(True), target))
+            half = _flat(_make(name, task, None)(preds.half(), target))
+    assert not any(value.requires_grad for value in found)
+    for value, reference in zip(half, expected):
+        torch.testing.assert_close(value, reference, rtol=0, atol=0, equal_nan=True)

@@ -195,7 +195,9 @@ def _zero_where_none_qualifies(found: Tensor, best: Tensor, best_threshold: Tens
     Wherever the best value is 0 the threshold is stock's no-value threshold.
     """
     best = torch.where(found, best, torch.zeros_like(best))
-    return best, torch.where(best == 0, torch.full_like(best_threshold, _NO_THRESHOLD), best_threshold)
+    # a Python scalar, not ``full_like``: in half precision stock's ``1e6`` is ``inf``, which ``full_like`` of more than
+    # one element refuses (an overflow error)
+    return best, torch.where(best == 0, _NO_THRESHOLD, best_threshold)
 
 
 def _precision_at_recall(
@@ -247,7 +249,7 @@ def _best_where_at_least(
     index = torch.where(mask, value, -torch.inf).argmax(-1, keepdim=True)
     best, best_t = _first(value, index), _first(thresholds, index)
     best = torch.where(found, best, torch.zeros_like(best))
-    return best, torch.where(found, best_t, torch.full_like(best_t, _NO_THRESHOLD_ROC))
+    return best, torch.where(found, best_t, _NO_THRESHOLD_ROC)  # (a scalar: see ``_zero_where_none_qualifies``)
 
 
 def _eer(fpr: Tensor, tpr: Tensor, valid: Tensor | None) -> Tensor:
@@ -284,7 +286,9 @@ def _make_compute(target: str, task: str, reduce: Callable[[Any, str], Any]) -> 
         if self.__dict__.get("average") is not None:  # averaged curves (multiclass EER): stock's
             with _ignored_entries_dropped(self):
                 return stock(target)(self)
-        return _output(task, reduce(self, task))
+        # stock's curve is made under ``no_grad`` (``_binary_clf_curve``): no result of these metrics requires grad
+        with torch.no_grad():
+            return _output(task, reduce(self, task))
 
     compute.__module__ = __name__
     compute.__doc__ = "Stock's ``compute`` where reads are free; otherwise the same values without host reads."
