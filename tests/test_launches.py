@@ -8,19 +8,12 @@ stock's + 4. Counts are deterministic: the tests assert them, and fail if a conf
 from __future__ import annotations
 
 import json
-from typing import Any
-from unittest.mock import Mock
 
 import pytest
 import torch
-from torchmetrics import Metric
-from torchmetrics.aggregation import CatMetric, MeanMetric, SumMetric
-from torchmetrics.classification import MulticlassAccuracy
-from torchmetrics.regression import PearsonCorrCoef
 
-import torchmetrics_syncfree
 from torchmetrics_syncfree import __main__ as cli
-from torchmetrics_syncfree import _deferred, audit
+from torchmetrics_syncfree import audit
 from torchmetrics_syncfree.launches import LaunchCounter, launches
 
 CLASSES = (10, 1000)
@@ -92,54 +85,21 @@ def test_the_device_path_keeps_the_launch_budget(
     assert patched <= stock, (stock, patched)
 
 
-def _forward_steps(make: Any, inputs: list[Any]) -> tuple[list[Any], Any]:
-    """``forward`` over ``inputs`` then ``compute()``: the batch values and the final value."""
-    metric = make()
-    values = [metric(*batch) for batch in inputs]
-    return values, metric.compute()
-
-
-@pytest.mark.parametrize("path", ["cpu", "device"])
-@pytest.mark.parametrize(
-    ("make", "inputs"),
-    [
-        (lambda: MeanMetric(), [(torch.tensor(1.0),), (torch.tensor([2.0, 4.0]),), (torch.tensor(3.0),)]),
-        (lambda: CatMetric(), [(torch.tensor([1.0, 2.0]),), (torch.tensor(3.0),), (torch.tensor([4.0]),)]),
-        (
-            lambda: MulticlassAccuracy(num_classes=3, average="macro"),
-            [(torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1])), (torch.tensor([2, 2]), torch.tensor([2, 0]))],
-        ),
-        # the two-update forward (full_state_update): its batch part keeps the global states aside the same way
-        (lambda: PearsonCorrCoef(), [(torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 3.0, 2.0]))] * 3),
-    ],
-)
-def test_forward_keeps_the_global_states_without_copying_them(make: Any, inputs: list[Any], path: str) -> None:
-    """``forward`` keeps the global states aside by reference (a list state as a shallow copy): ``reset()`` replaces
-    tensor states and empties lists in place. Stock clones every state: a launch per tensor state and step, and a list
-    state's whole history. Same values as stock, and ``_copy_state_dict`` is never called."""
-    expected = _forward_steps(make, inputs)
-    with torchmetrics_syncfree.patched(), pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(Metric, "_copy_state_dict", Mock(side_effect=AssertionError("copied")))
-        _deferred.force_device_path(path == "device")
-        try:
-            values, final = _forward_steps(make, inputs)
-        finally:
-            _deferred.force_device_path(False)
-    for value, reference in zip([*values, final], [*expected[0], expected[1]]):
-        torch.testing.assert_close(value, reference, rtol=0, atol=0)
-
-
-def test_forward_copies_the_global_states_of_a_metric_with_its_own_reset() -> None:
-    """A class whose ``reset()`` zeroes its states in place keeps stock's copy of the global states."""
-
-    class InPlaceReset(SumMetric):
-        def reset(self) -> None:
-            self.sum_value.zero_()
-            self._update_count = 0
-            self._computed = None
-
-    with torchmetrics_syncfree.patched():
-        metric = InPlaceReset()
-        metric(torch.tensor(1.0))
-        assert metric(torch.tensor(2.0)) == 2.0
-        assert metric.compute() == 3.0
+def test_a_foreach_op_off_cudas_fast_route_counts_a_launch_per_tensor() -> None:
+    """CUDA's multi-tensor kernels need dense tensors of one dtype, matching in shape and strides at each position of
+    the lists; otherwise the op runs one kernel per tensor, and the counter says so."""
+    dense = [torch.zeros(4, dtype=torch.long) for _ in range(3)]
+    square = torch.zeros(4, 4, dtype=torch.long)
+    cases = {
+        "fast route": ([torch.zeros(4, dtype=torch.long) for _ in range(3)], 1),
+        "a diagonal view": ([square.diagonal(), *dense[1:]], 3),
+        "mixed dtypes": ([torch.zeros(4, dtype=torch.int32), *dense[1:]], 3),
+        "a 0-dim value into a (4,)-state": ([torch.zeros((), dtype=torch.long), *dense[1:]], 3),
+    }
+    for case, (values, expected) in cases.items():
+        with LaunchCounter() as counter:
+            torch._foreach_add_(dense, values)
+        assert counter.count == expected, case
+    with LaunchCounter() as counter:
+        torch._foreach_mul(dense, torch.tensor(2))  # a 0-dim tensor operand is no list: the fast route
+    assert counter.count == 1

@@ -296,12 +296,7 @@ DEFERRED_PROJECT_TESTS = (
 )
 #: the compute warnings of a full-state metric's batch value in forward (PearsonCorrCoef: the full-state metric whose
 #: compute files them; its device-path warning test fails when forward drops them)
-#: ``forward`` keeps the global states aside without copying them (series 0052), and the full-state forward
-FULL_STATE_FORWARD_PROJECT_TESTS = (
-    "tests/test_pearson.py",
-    "tests/test_launches.py::test_forward_keeps_the_global_states_without_copying_them",
-    "tests/test_launches.py::test_forward_copies_the_global_states_of_a_metric_with_its_own_reset",
-)
+FULL_STATE_FORWARD_PROJECT_TESTS = ("tests/test_pearson.py",)
 #: the regression metrics' suites: values and warnings against stock on both paths, the hypothesis fuzz of every
 #: regression area and the DDP world (its ranks install tree mode themselves)
 REGRESSION_SHARED_PROJECT_TESTS = ("tests/test_regression_fuzz.py", "tests/test_regression_ddp.py")

@@ -57,11 +57,21 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -
             setattr(metric, name, getattr(metric, name) + value)
         return
     if len(names) > 1 and all(isinstance(value, Tensor) for value in values):
-        # one op for all of them: on CUDA one multi-tensor kernel instead of one launch per state
-        torch._foreach_add_([getattr(metric, name) for name in names], list(values))
+        # one op for all of them: on CUDA one multi-tensor kernel instead of one launch per state, where the kernel's
+        # fast route takes them: the values in the states' shapes (a 0-dim count into a ``(1,)`` state: a view, no
+        # launch; other shapes would take the slow route, one kernel per state)
+        states = [getattr(metric, name) for name in names]
+        torch._foreach_add_(states, [_shaped_as(value, state) for value, state in zip(values, states)])
         return
     for name, value in zip(names, values):
         getattr(metric, name).add_(value)
+
+
+def _shaped_as(value: Tensor, state: Tensor) -> Tensor:
+    """``value`` viewed in ``state``'s shape where it has as many elements and is contiguous (else as it is)."""
+    if value.shape == state.shape or value.numel() != state.numel() or not value.is_contiguous():
+        return value
+    return value.view(state.shape)
 
 
 def add_to_state_if(metric: Any, name: str, value: Tensor | int, keep: Tensor) -> None:

@@ -33,6 +33,7 @@ import collections
 import functools
 from typing import Any
 
+from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: aten ops (overload packets) that allocate or re-describe memory without writing it: no kernel on CUDA
@@ -87,8 +88,50 @@ class LaunchCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if launches(func):
-            self.ops[str(func)] += 1
+            self.ops[str(func)] += (
+                foreach_launches(func, args) if func._overloadpacket.__name__.startswith("_foreach_") else 1
+            )
         return func(*args, **(kwargs or {}))
+
+
+def _non_overlapping_and_dense(tensor: Tensor) -> bool:
+    """Whether ``tensor``'s elements fill its memory without gaps or overlaps in some order of its dimensions."""
+    if tensor.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def foreach_launches(func: Any, args: Any) -> int:
+    """Launches of a ``torch._foreach_*`` op on CUDA: one on its fast route, one per tensor of the list otherwise.
+
+    CUDA's multi-tensor kernels take the fast route only when every tensor of the lists is non-overlapping and dense,
+    all share one dtype, and the tensors at one position of each list have the same sizes and strides
+    (``can_use_fast_route`` in ATen's ``ForeachUtils.h``); otherwise the op runs one kernel per tensor. A diagonal
+    view, an expanded 0-dim tensor, mixed dtypes: each makes the list's length in launches.
+    """
+    lists = [arg for arg in args if isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], Tensor)]
+    if not lists:
+        return 1
+    first = lists[0][0]
+    for tensors in lists:
+        for position, tensor in enumerate(tensors):
+            reference = lists[0][position]
+            if (
+                not _non_overlapping_and_dense(tensor)
+                or tensor.dtype != first.dtype
+                or tensor.shape != reference.shape
+                or any(
+                    size != 1 and stride != other
+                    for size, stride, other in zip(tensor.shape, tensor.stride(), reference.stride())
+                )
+            ):
+                return len(lists[0])
+    return 1
 
 
 def count_launches(call: Any, *args: Any, **kwargs: Any) -> tuple[int, collections.Counter[str]]:

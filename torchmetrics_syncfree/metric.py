@@ -41,7 +41,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import declares_setting, replaces, stock
@@ -97,14 +96,20 @@ def reset(self: Any) -> None:
 
 
 def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
-    """The end of stock's forward: back to the settings of a plain ``update``/``compute``."""
-    self._is_synced = False
-    self._should_unsync = True
-    self._to_sync = self.sync_on_compute
-    self._computed = None
-    self._enable_grad = False
-    self.compute_on_cpu = compute_on_cpu
-    if self.compute_on_cpu:
+    """The end of stock's forward: back to the settings of a plain ``update``/``compute``.
+
+    The flags are plain attributes of the instance (no parameter, buffer, module or constant ``Metric.__setattr__``
+    guards): written to its ``__dict__``, as ``setattr`` ends up doing after ``nn.Module.__setattr__``'s checks, which
+    cost about a microsecond each, six times per ``forward`` of every metric.
+    """
+    flags = self.__dict__
+    flags["_is_synced"] = False
+    flags["_should_unsync"] = True
+    flags["_to_sync"] = self.sync_on_compute
+    flags["_computed"] = None
+    flags["_enable_grad"] = False
+    flags["compute_on_cpu"] = compute_on_cpu
+    if compute_on_cpu:
         self._move_list_states_to_cpu()
 
 
@@ -148,7 +153,7 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
     update_count = self._update_count
     self._to_sync = self.dist_sync_on_step
     self.compute_on_cpu = False
-    cache = _global_state(self)
+    cache = self._copy_state_dict()
     try:
         # reset, update, compute on the batch alone
         self._enable_grad = True
@@ -171,47 +176,31 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
     return batch_value
 
 
-def _global_state(self: Any) -> dict[str, Any]:
-    """The global states ``forward`` keeps aside while the batch alone is updated and computed.
-
-    Stock clones every tensor here. But its ``reset()`` replaces each tensor state with a fresh copy of its default,
-    which the batch's update then writes: the global tensors stay as they are without a copy, one launch per state
-    saved. A list state is copied as a list, not element by element: ``reset()`` empties the list object in place, its
-    elements it leaves alone (so a list state's history is no longer copied on every step). A class with its own
-    ``reset()`` keeps stock's copies.
-    """
-    if type(self).reset is not reset:
-        return self._copy_state_dict()
-    return {
-        attr: value if isinstance(value, Tensor) else list(value)
-        for attr, value in ((attr, getattr(self, attr)) for attr in self._defaults)
-    }
-
-
 @replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
     # one function, no context manager: every Python call here is host time of every forward
     defaults, idle = _deferred.leave_out_counters(self)
     try:
-        global_state = _global_state(self)
+        global_state = self._copy_state_dict()
+        flags = self.__dict__  # plain attributes of the instance (see ``_restore_after_forward``)
         update_count = self._update_count
         compute_on_cpu = self.compute_on_cpu
-        self._should_unsync = False  # before reset(), so that it knows it is forward's (stock sets it just after)
+        flags["_should_unsync"] = False  # before reset(), so that it knows it is forward's (stock sets it just after)
         self.reset()
-        self._to_sync = self.dist_sync_on_step
-        self.compute_on_cpu = False
-        self._enable_grad = True
+        flags["_to_sync"] = self.dist_sync_on_step
+        flags["compute_on_cpu"] = False
+        flags["_enable_grad"] = True
         try:
             self.update(*args, **kwargs)
             batch_value = self.compute()
         except BaseException:
             for attr, value in global_state.items():
                 setattr(self, attr, value)
-            self._update_count = update_count
+            flags["_update_count"] = update_count
             _restore_after_forward(self, compute_on_cpu)
             raise
-        self._update_count = update_count + 1
+        flags["_update_count"] = update_count + 1
         if defaults is None:
             counters = _deferred.counters_of(self)
             if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch

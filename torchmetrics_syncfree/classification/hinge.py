@@ -45,7 +45,7 @@ from torchmetrics.functional.classification.hinge import _binary_hinge_loss_upda
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states
+from torchmetrics_syncfree._states import add_to_state_if, add_to_states
 from torchmetrics_syncfree.classification.confusion_matrix import (
     _binary_confusion_matrix_tensor_validation,
     _probabilities,
@@ -195,11 +195,13 @@ def _validated_hinge_measures(preds: Tensor, target: Tensor, squared: bool, mode
 
 
 def _add_to_state(self: Any, invalid: Tensor | None, measures: Tensor, total: Tensor | int) -> None:
-    if invalid is not None:
-        if not isinstance(total, Tensor):
-            total = torch.full((), total, dtype=self.total.dtype, device=measures.device)
-        measures, total = _without_invalid(invalid, measures, total)
-    add_to_states(self, ("measures", "total"), (measures, total))
+    if invalid is not None and not isinstance(total, Tensor):
+        # a count known on the host enters as a scalar where the batch is valid: no fill of it, and no multi-tensor
+        # add of a float and an int state (mixed dtypes take CUDA's slow route: one kernel each anyway)
+        add_to_states(self, ("measures",), _without_invalid(invalid, measures))
+        add_to_state_if(self, "total", total, invalid.logical_not())
+    else:
+        add_to_states(self, ("measures", "total"), _without_invalid(invalid, measures, total))
     _deferred.sweep(self)
 
 

@@ -91,7 +91,7 @@ from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states
+from torchmetrics_syncfree._states import add_to_states, read_only
 
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
@@ -651,7 +651,9 @@ def _stats_of_confusion(confmat: Tensor, counted: int | None = None) -> tuple[Te
     """
     tp = confmat.diagonal()
     predicted = confmat.sum(0)
-    fp, fn = torch._foreach_sub([predicted, confmat.sum(1)], [tp, tp])
+    # separate ops, not one ``_foreach_sub``: ``tp`` is a strided view (the diagonal), which takes CUDA's multi-tensor
+    # kernels off their fast route (one kernel per tensor, and the foreach overhead on top)
+    fp, fn = predicted - tp, confmat.sum(1) - tp
     total = confmat.sum() if counted is None else counted
     return tp, fp, torch.rsub(predicted, total) - fn, fn
 
@@ -832,9 +834,16 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         confmat, keep = _lean_confusion(preds, target, self.num_classes, self.ignore_index, checked)
         # with nothing ignored, every entry is in the matrix, or its batch is invalid and left out (keep = 0) anyway
         counted = target.numel() if self.ignore_index is None and checked is not None else None
-        stats = _stats_of_confusion(confmat, counted)
-        # an invalid batch is left out of its C-sized stats, not its C*C matrix; the states of this path are tensors
-        add_to_states(self, _STAT_STATES, stats if keep is None else torch._foreach_mul(stats, keep))
+        # one dense (4, C) block: its rows take the multi-tensor kernels' fast route (the diagonal ``tp`` would not),
+        # and an invalid batch is left out of it by one op (its C-sized stats, not its C*C matrix)
+        stats = torch.stack(_stats_of_confusion(confmat, counted))
+        if keep is not None:
+            stats.mul_(keep)
+        states = [self.tp, self.fp, self.tn, self.fn]  # this path's states: tensors of the rows' shape and dtype
+        if read_only(states[0]):
+            add_to_states(self, _STAT_STATES, stats.unbind(0))
+        else:
+            torch._foreach_add_(states, stats.unbind(0))
         _deferred.sweep(self)
         return
     invalid = None
