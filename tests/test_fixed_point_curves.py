@@ -286,4 +286,10 @@ def test_device_path_results_need_no_grad_and_take_half(name: str, task: str) ->
             half = _flat(_make(name, task, None)(preds.half(), target))
     assert not any(value.requires_grad for value in found)
     for value, reference in zip(half, expected):
+        if name == "RecallAtFixedPrecision":
+            # the documented dtype deviation: its stack's dtype (float32 here) also where nothing qualifies. Before
+            # torchmetrics 1.8 stock's no-value threshold there is ``1e6`` made in half precision (``inf``) and then
+            # stacked; the device path keeps ``1e6``. Compared where stock's value is finite or NaN
+            shown = reference.isfinite() | reference.isnan()
+            value, reference = value[shown], reference[shown].to(value.dtype)
         torch.testing.assert_close(value, reference, rtol=0, atol=0, equal_nan=True)

@@ -29,7 +29,8 @@ Where reads are free (CPU tensors, eager) ``compute`` is stock's, to the bit. On
 are stock's to the bit (the same elementwise operations on the same counts). Deviations (documented, tested where
 stated): as AUROC's, the rates of a class without positives or negatives are float32 whatever the scores' dtype; for
 float64 or half scores ``RecallAtFixedPrecision`` returns the promoted dtype of its (recall, precision, threshold)
-stack even where nothing qualifies (stock: the recall's and thresholds' own dtypes then); ``_lexargmax``'s
+stack even where nothing qualifies (stock: the recall's and thresholds' own dtypes then; before torchmetrics 1.8, with
+half scores, stock's ``1e6`` made in half precision reads ``inf``, the device path's ``1e6``); ``_lexargmax``'s
 ``IndexError`` for a NaN recall among the qualifying points (``min_precision <= 0`` and a class without positives)
 is not raised; where stock's unbinned curve has no entry (every one ignored: an ``IndexError``), the device path
 returns 0 and the no-threshold value (the ROC-based metrics: the curve's origin, threshold 1; EER 0.5). Tested in
