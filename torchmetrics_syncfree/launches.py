@@ -89,7 +89,7 @@ class LaunchCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if launches(func):
             self.ops[str(func)] += (
-                foreach_launches(func, args) if func._overloadpacket.__name__.startswith("_foreach_") else 1
+                foreach_launches(args) if func._overloadpacket.__name__.startswith("_foreach_") else 1
             )
         return func(*args, **(kwargs or {}))
 
@@ -106,7 +106,7 @@ def _non_overlapping_and_dense(tensor: Tensor) -> bool:
     return True
 
 
-def foreach_launches(func: Any, args: Any) -> int:
+def foreach_launches(args: Any) -> int:
     """Launches of a ``torch._foreach_*`` op on CUDA: one on its fast route, one per tensor of the list otherwise.
 
     CUDA's multi-tensor kernels take the fast route only when every tensor of the lists is non-overlapping and dense,

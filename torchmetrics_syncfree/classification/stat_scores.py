@@ -91,7 +91,7 @@ from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states, read_only
+from torchmetrics_syncfree._states import add_to_states
 
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
@@ -839,11 +839,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         stats = torch.stack(_stats_of_confusion(confmat, counted))
         if keep is not None:
             stats.mul_(keep)
-        states = [self.tp, self.fp, self.tn, self.fn]  # this path's states: tensors of the rows' shape and dtype
-        if read_only(states[0]):
-            add_to_states(self, _STAT_STATES, stats.unbind(0))
-        else:
-            torch._foreach_add_(states, stats.unbind(0))
+        add_to_states(self, _STAT_STATES, stats.unbind(0))
         _deferred.sweep(self)
         return
     invalid = None
