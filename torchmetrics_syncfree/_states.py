@@ -52,24 +52,27 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -
     tells for all of them. Several tensor values are added by one ``torch._foreach_add_``: one kernel launch on CUDA
     (its multi-tensor path) where separate ``add_`` calls launch one each.
     """
-    if read_only(getattr(metric, names[0])):
-        for name, value in zip(names, values):
-            setattr(metric, name, getattr(metric, name) + value)
+    states = [getattr(metric, name) for name in names]
+    if read_only(states[0]):
+        for name, state, value in zip(names, states, values):
+            setattr(metric, name, state + value)
         return
-    if len(names) > 1 and all(isinstance(value, Tensor) for value in values):
+    if len(states) > 1 and all(isinstance(value, Tensor) for value in values):
         # one op for all of them: on CUDA one multi-tensor kernel instead of one launch per state, where the kernel's
         # fast route takes them: the values in the states' shapes (a 0-dim count into a ``(1,)`` state: a view, no
         # launch; other shapes would take the slow route, one kernel per state)
-        states = [getattr(metric, name) for name in names]
-        torch._foreach_add_(states, [_shaped_as(value, state) for value, state in zip(values, states)])
+        torch._foreach_add_(
+            states,
+            [value if value.shape == state.shape else _shaped_as(value, state) for value, state in zip(values, states)],
+        )
         return
-    for name, value in zip(names, values):
-        getattr(metric, name).add_(value)
+    for state, value in zip(states, values):
+        state.add_(value)
 
 
 def _shaped_as(value: Tensor, state: Tensor) -> Tensor:
     """``value`` viewed in ``state``'s shape where it has as many elements and is contiguous (else as it is)."""
-    if value.shape == state.shape or value.numel() != state.numel() or not value.is_contiguous():
+    if value.numel() != state.numel() or not value.is_contiguous():
         return value
     return value.view(state.shape)
 

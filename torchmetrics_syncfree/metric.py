@@ -36,11 +36,15 @@ previous value back.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import Tensor
+from torchmetrics.metric import Metric
+from torchmetrics.utilities.data import dim_zero_sum
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import declares_setting, replaces, stock
@@ -82,17 +86,104 @@ def sync_context(
     self.unsync(should_unsync=self._is_synced and should_unsync)
 
 
+@replaces(f"{_METRIC}._wrap_update", params=("self", "update"))
+def _wrap_update(self: Any, update: Callable) -> Callable:
+    """Stock's update wrapper, at a third of its host time (it runs around every ``update``, ``forward`` included).
+
+    Stock's wrapper sets two plain attributes through ``nn.Module.__setattr__`` (about a microsecond each, for checks
+    that only parameters, buffers and submodules need) and enters ``torch.set_grad_enabled`` on every call. This one
+    writes the instance's ``__dict__`` (what ``setattr`` ends up doing for these values) and changes the grad mode only
+    where it differs from the metric's. A class that defines its own ``__setattr__`` keeps stock's wrapper.
+    """
+    if not _plain_setattr(self):
+        return stock(f"{_METRIC}._wrap_update")(self, update)
+
+    @functools.wraps(update)
+    def wrapped_func(*args: Any, **kwargs: Any) -> None:
+        flags = self.__dict__
+        flags["_computed"] = None
+        flags["_update_count"] += 1
+        enable_grad = flags["_enable_grad"]
+        try:
+            if torch.is_grad_enabled() == enable_grad:
+                update(*args, **kwargs)
+            else:
+                with torch.set_grad_enabled(enable_grad):
+                    update(*args, **kwargs)
+        except RuntimeError as err:
+            if "Expected all tensors to be on" in str(err):
+                raise RuntimeError(
+                    "Encountered different devices in metric calculation (see stacktrace for details)."
+                    " This could be due to the metric class not being on the same device as input."
+                    f" Instead of `metric={self.__class__.__name__}(...)` try to do"
+                    f" `metric={self.__class__.__name__}(...).to(device)` where"
+                    " device corresponds to the device of the input."
+                ) from err
+            raise
+        if flags["compute_on_cpu"]:
+            self._move_list_states_to_cpu()
+
+    return wrapped_func
+
+
 @replaces(f"{_METRIC}.reset", params=("self",))
 def reset(self: Any) -> None:
     """Stock's ``reset``, after taking what the checks have pending; reported once the states are reset."""
     if _deferred.STATE not in self._defaults:
-        # no counters, or idle ones that forward left out (they keep what they hold): stock's reset, at stock's cost
-        stock(f"{_METRIC}.reset")(self)
+        # no counters, or idle ones that forward left out (they keep what they hold): stock's reset
+        _reset_states(self)
         return
     pending = _deferred.take_pending(self)
-    stock(f"{_METRIC}.reset")(self)
+    _reset_states(self)
     _deferred.mark_zero(self.__dict__[_deferred.STATE])
     _deferred.report_counts(self, pending)
+
+
+#: ``Metric.__setattr__`` (stock's: the layer does not patch it)
+_METRIC_SETATTR = Metric.__setattr__
+
+
+def _plain_setattr(metric: Any) -> bool:
+    """Whether ``setattr`` on ``metric`` is ``Metric``'s: for a plain value or a state tensor, a write of ``__dict__``.
+
+    ``Metric.__setattr__`` refuses a few constants and hands the rest to ``nn.Module.__setattr__``, whose checks (for
+    parameters, buffers and submodules) cost about a microsecond per write and end in ``object.__setattr__`` for the
+    flags and state tensors of a metric. Writing the instance's ``__dict__`` skips those checks, not their outcome.
+    """
+    return type(metric).__setattr__ is _METRIC_SETATTR
+
+
+def _write(metric: Any, flags: dict[str, Any], name: str, value: Any) -> None:
+    """``setattr(metric, name, value)`` for a state of a :func:`_plain_setattr` metric, as a write of ``flags``."""
+    if name in flags:
+        flags[name] = value
+    else:  # not an instance attribute (e.g. a user's state registered as a buffer): ``nn.Module`` decides
+        setattr(metric, name, value)
+
+
+def _reset_states(self: Any) -> None:
+    """Stock's ``Metric.reset`` (the same in 1.6.1-1.9), writing ``__dict__`` where ``setattr`` would do just that.
+
+    Every ``forward`` resets its metric, so this is host time of every step: stock's ``setattr`` of five flags and
+    every state went through ``nn.Module.__setattr__``'s checks, and each state's ``detach().to(device)`` was a
+    dispatch that returns its input.
+    """
+    if not _plain_setattr(self):
+        stock(f"{_METRIC}.reset")(self)
+        return
+    flags = self.__dict__
+    flags["_update_count"] = 0
+    flags["_forward_cache"] = None
+    flags["_computed"] = None
+    for attr, default in self._defaults.items():
+        current = getattr(self, attr)
+        if isinstance(default, Tensor):
+            fresh = (default.detach() if default.requires_grad else default).clone()
+            _write(self, flags, attr, fresh if fresh.device == current.device else fresh.to(current.device))
+        else:
+            current.clear()
+    flags["_cache"] = None
+    flags["_is_synced"] = False
 
 
 def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
@@ -176,13 +267,61 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
     return batch_value
 
 
+def _held_states(self: Any) -> dict[str, Any]:
+    """The reduce-state ``forward``'s hold of the accumulated states while it computes the batch alone.
+
+    Stock copies every state (a clone, one kernel launch each) before its ``reset()``. But ``Metric.reset`` installs
+    new tensors rather than writing the old ones, the batch's update writes those, and the reduction makes new ones:
+    nothing in ``forward`` writes the accumulated tensors, so holding them is enough (a metric in a compute group
+    shares them with its group, and they stay as the group sees them). Copied as stock: list states (``reset()``
+    clears the list in place) and the states of a class with its own ``reset``, ``__setattr__`` or state copy.
+    """
+    cls = type(self)
+    if not (
+        cls.__setattr__ is _METRIC_SETATTR
+        and cls.reset is Metric.reset
+        and cls._copy_state_dict is Metric._copy_state_dict
+    ):
+        return self._copy_state_dict()
+    held: dict[str, Any] = {}
+    for attr in self._defaults:
+        value = getattr(self, attr)
+        if not isinstance(value, Tensor):
+            return self._copy_state_dict()
+        held[attr] = value.detach() if value.requires_grad else value
+    return held
+
+
+def _reduce_held(self: Any, global_state: dict[str, Any]) -> None:
+    """Stock's ``_reduce_states`` without grad; sums of tensor states in one multi-tensor add (one launch on CUDA).
+
+    The summed states are new tensors, as stock's ``global + local``, written where ``setattr`` would write them.
+    """
+    reductions = self._reductions
+    if not (
+        _plain_setattr(self)
+        and type(self)._reduce_states is Metric._reduce_states
+        and all(reductions[attr] is dim_zero_sum and isinstance(value, Tensor) for attr, value in global_state.items())
+        and len(global_state) == len(self._defaults)
+    ):
+        with torch.no_grad():
+            self._reduce_states(global_state)
+        return
+    flags = self.__dict__
+    names = list(global_state)
+    with torch.no_grad():
+        totals = torch._foreach_add([global_state[name] for name in names], [getattr(self, name) for name in names])
+    for name, total in zip(names, totals):
+        _write(self, flags, name, total)
+
+
 @replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
     # one function, no context manager: every Python call here is host time of every forward
     defaults, idle = _deferred.leave_out_counters(self)
     try:
-        global_state = self._copy_state_dict()
+        global_state = _held_states(self)
         flags = self.__dict__  # plain attributes of the instance (see ``_restore_after_forward``)
         update_count = self._update_count
         compute_on_cpu = self.compute_on_cpu
@@ -205,8 +344,7 @@ def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
             counters = _deferred.counters_of(self)
             if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch
                 global_state[_deferred.STATE] = torch.zeros_like(counters)
-        with torch.no_grad():
-            self._reduce_states(global_state)
+        _reduce_held(self, global_state)
         _restore_after_forward(self, compute_on_cpu)
     finally:
         if defaults is not None:
