@@ -369,9 +369,13 @@ def mark_zero(counters: Tensor) -> None:
     """
     if _is_dynamo_compiling():  # eager bookkeeping: a traced reset (inside a compiled forward) marks nothing
         return
-    if counters.is_cpu and not counters.is_inference() and not _surely_zero(counters):
+    if counters.is_cpu and not counters.is_inference():
         key = id(counters)
-        _zero[key] = (weakref.ref(counters, lambda _, key=key: _zero.pop(key, None)), counters._version)
+        entry = _zero.get(key)
+        if entry is not None and entry[0]() is counters:  # known (at an older version): its reference serves on
+            _zero[key] = (entry[0], counters._version)
+        else:
+            _zero[key] = (weakref.ref(counters, lambda _, key=key: _zero.pop(key, None)), counters._version)
 
 
 def _surely_zero(counters: Tensor) -> bool:
@@ -476,6 +480,7 @@ class _Reader:
 
     def __init__(self, counters: Tensor) -> None:
         self.device = counters.device
+        self.device_index = counters.get_device()  # -1 on CPU: compared at every sweep, cheaper than ``device``
         # normal tensors, even when made under inference mode: the reader copies into them in every mode
         with torch.inference_mode(False):
             self.snapshot = torch.zeros(counters.shape, dtype=counters.dtype, device=counters.device)
@@ -543,10 +548,11 @@ def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
 
 def _quiet_time(metric: Any) -> bool:
     """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
+    attributes = metric.__dict__  # (:func:`inside_forward` spelled out: this runs at the end of every update)
     return (
-        inside_forward(metric)
+        not attributes.get("_should_unsync", True)
         or torch.compiler.is_compiling()
-        or STATE not in metric.__dict__.get("_defaults", (STATE,))
+        or STATE not in attributes.get("_defaults", (STATE,))
     )
 
 
@@ -557,10 +563,11 @@ def sweep(metric: Any) -> None:
     the next copy. Under DDP with ``sync_on_compute`` it does nothing: ``compute()`` reports the synced counts, so
     that no rank raises alone.
     """
-    counters = metric.__dict__.get(STATE)
+    attributes = metric.__dict__
+    counters = attributes.get(STATE)
     if counters is None or reads_are_free(counters):  # first: the common case, at the end of every CPU update
         return
-    kinds = metric.__dict__.get(KINDS)
+    kinds = attributes.get(KINDS)
     if not kinds or _quiet_time(metric):
         return
     entry = _readers.get(id(metric))
@@ -571,7 +578,7 @@ def sweep(metric: Any) -> None:
             reader.age += 1
             if not reader.ready():
                 return
-        elif reader.rest > 0 and reader.device == counters.device:
+        elif reader.rest > 0 and counters.get_device() == reader.device_index:
             reader.rest -= 1  # the common case between copies (``COPY_INTERVAL``): nothing to take, nothing to launch
             return
     if _reports_at_sync(metric):

@@ -70,6 +70,20 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -
         state.add_(value)
 
 
+def add_rows_to_states(metric: Any, names: Sequence[str], rows: Tensor) -> None:
+    """:func:`add_to_states` of the rows of ``rows`` (one per name, each in its state's shape), one dense tensor.
+
+    For values computed together as one block (e.g. a ``torch.stack``): its rows are dense and shaped as the states,
+    which is what the multi-tensor kernel's fast route needs, so nothing is checked or reshaped per value.
+    """
+    states = [getattr(metric, name) for name in names]
+    if read_only(states[0]):
+        for name, state, row in zip(names, states, rows.unbind(0)):
+            setattr(metric, name, state + row)
+        return
+    torch._foreach_add_(states, rows.unbind(0))
+
+
 def _shaped_as(value: Tensor, state: Tensor) -> Tensor:
     """``value`` viewed in ``state``'s shape where it has as many elements and is contiguous (else as it is)."""
     if value.numel() != state.numel() or not value.is_contiguous():

@@ -180,14 +180,22 @@ def simulating_device() -> bool:
     return any(p.device_type == "cpu" for p in _active_probes()) and not getattr(_state, "quiet", 0)
 
 
-@contextmanager
-def quiet() -> Iterator[None]:
-    """Do not count what happens inside: for reads of host-side buffers that cannot synchronize on a GPU."""
-    _state.quiet = getattr(_state, "quiet", 0) + 1
-    try:
-        yield
-    finally:
+class _Quiet:
+    """The context of :func:`quiet`: a class, not a generator (it runs in every host copy of the check counters)."""
+
+    def __enter__(self) -> None:
+        _state.quiet = getattr(_state, "quiet", 0) + 1
+
+    def __exit__(self, *exc_info: object) -> None:
         _state.quiet -= 1
+
+
+_QUIET = _Quiet()
+
+
+def quiet() -> _Quiet:
+    """Do not count what happens inside: for reads of host-side buffers that cannot synchronize on a GPU."""
+    return _QUIET
 
 
 def report(kind: str, op: str, probes: list[SyncProbe] | None = None, skip: tuple[str, ...] = ()) -> None:

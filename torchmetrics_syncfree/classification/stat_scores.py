@@ -91,7 +91,7 @@ from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states
+from torchmetrics_syncfree._states import add_rows_to_states, add_to_states
 
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
@@ -545,13 +545,16 @@ def _cached(device: torch.device, key: Any, make: Callable[[], Tensor]) -> Tenso
     """The constant ``make()``, made once per device and ``key``.
 
     Made anew where none may be kept: while dynamo traces (the compiled graph makes its own) or while a CUDA graph is
-    captured (a tensor made then belongs to the graph's memory pool).
+    captured (a tensor made then belongs to the graph's memory pool; one made before is used as it is).
     """
-    if _deferred.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if _deferred.is_compiling():
         return make()
     found = _constants.get((device, key))
     if found is None:
-        found = _constants[device, key] = make()
+        found = make()
+        # ``Tensor.is_cuda``, not ``device.type``: this runs every update, and the latter costs four times as much
+        if not (found.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _constants[device, key] = found
     return found
 
 
@@ -619,43 +622,61 @@ def _lean_counting(preds: Tensor, target: Tensor, multidim_average: str = "globa
     )
 
 
+def _lean_rows(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
+    """The counts of scores ``preds`` (N, C, ...) on the device path as a ``(C + 1, C + 1)`` matrix, checks folded in.
+
+    One ``put_`` counts ``target * (C + 1) + argmax(preds)``: rows ``0..C-1`` hold the confusion matrix (rows: target,
+    columns: prediction; column ``C`` stays empty), row ``C`` is the sink. A target that is no class (below 0 or ``C``
+    and up) is clamped to -1 or ``C`` first, so that the product cannot wrap, and lands in the sink: directly (``C``)
+    or counted back from the end (-1: ``put_`` takes a negative index as Python does). Ignored entries weigh 0.
+    """
+    width = num_classes + 1
+    labels, target = _flat_long(preds.argmax(dim=1)), _flat_long(target)
+    index = labels.add(_clamped_to_sinks(target, num_classes), alpha=width)  # in [-C - 1, (C + 1)**2)
+    weights = None if ignore_index is None else (target != ignore_index).long()
+    # ``as_strided`` of the fresh contiguous buffer: the same view as ``view(C + 1, C + 1)``, half the host time
+    return _put_counts(index, width * width, weights).as_strided((width, width), (width, 1))
+
+
 def _lean_confusion(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, metric: Any | None
 ) -> tuple[Tensor, Tensor | None]:
-    """The ``(C, C)`` confusion matrix of scores ``preds`` (N, C, ...) on the device path, validation folded in.
+    """The ``(C, C)`` confusion matrix of scores ``preds`` (N, C, ...) on the device path (:func:`_lean_rows`).
 
-    One ``put_`` counts ``target * C + argmax(preds)`` into ``C**2 + 1`` cells: a target that is no class (below 0 or
-    ``C`` and up, clamped first so that the product cannot wrap) gives an index outside ``[0, C**2)``, which
-    ``clamp_`` makes -1 or ``C**2``, both the last cell; ignored entries weigh 0. With ``metric``
-    (``validate_args``), the last cell is the number of invalid entries: it feeds the metric's check counter, and the
-    returned ``keep`` (``sink == 0`` as 1 or 0, else ``None``) leaves the whole batch out, as the stock validation's
-    error would. Nine launches for the confusion matrix's update (stock: five, without a range check), where a
-    compare/any/where chain took twenty.
+    With ``metric`` (``validate_args``), the sink's count is the number of invalid entries: it feeds the metric's
+    check counter, and the returned ``keep`` (``sink == 0`` as 1 or 0, else ``None``) leaves the whole batch out, as
+    the stock validation's error would. Nine launches for the confusion matrix's update (stock: five, without a range
+    check), where a compare/any/where chain took twenty.
     """
-    cells = num_classes * num_classes
-    labels, target = _flat_long(preds.argmax(dim=1)), _flat_long(target)
-    # in [-1, C**2]: the clamped target keeps the product from wrapping, and both ends are the sink (``put_`` wraps -1)
-    index = labels.add(_clamped_to_sinks(target, num_classes), alpha=num_classes).clamp_(-1, cells)
-    weights = None if ignore_index is None else (target != ignore_index).long()
-    bins = _put_counts(index, cells + 1, weights)
-    # ``as_strided`` of the fresh contiguous buffer: the same view as ``bins[:cells].view(C, C)``, half the host time
-    confmat = bins.as_strided((num_classes, num_classes), (num_classes, 1))
-    return confmat, _checked_sink(metric, bins[cells], integer=True)
+    rows = _lean_rows(preds, target, num_classes, ignore_index)
+    keep = None if metric is None else _checked_sink(metric, rows[num_classes].sum(), integer=True)
+    return rows.as_strided((num_classes, num_classes), (num_classes + 1, 1)), keep  # the first C rows and columns
 
 
-def _stats_of_confusion(confmat: Tensor, counted: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """tp/fp/tn/fn per class of a ``(C, C)`` matrix (rows: target); ``tn`` is what the other three leave.
+def _lean_stats(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, metric: Any | None
+) -> tuple[Tensor, Tensor | None]:
+    """tp/fp/tn/fn of scores ``preds`` on the device path as the ``C`` first columns of one ``(4, C + 1)`` block.
 
-    ``counted``: the number of entries in the matrix where the host knows it (no entry ignored or sunk), which saves
-    summing the matrix.
+    From :func:`_lean_rows`, whose extra row and column give every per-class vector one more element, so that none
+    needs slicing: the sink's own "class" comes out of the same ops (its ``fn`` is the sink's count) and is dropped
+    with the block's last column. ``tn`` is what the other three leave of the entries counted. ``keep`` as in
+    :func:`_lean_confusion`; the block is dense and multiplied by it in one op.
     """
-    tp = confmat.diagonal()
-    predicted = confmat.sum(0)
+    rows = _lean_rows(preds, target, num_classes, ignore_index)
+    actual, tp = rows.sum(1), rows.diagonal()  # per target class (the sink's count last); the sink's tp is 0
+    if metric is None:  # not validated: an entry whose target is no class is in no count (see the module docstring)
+        keep, predicted, counted = None, rows[:num_classes].sum(0), actual[:num_classes].sum()
+    else:
+        keep = _checked_sink(metric, actual[num_classes], integer=True)
+        # the sink row holds ignored entries (weight 0), or entries of a batch that ``keep`` leaves out
+        predicted = rows.sum(0)
+        # with nothing ignored every entry is counted, or its batch is left out anyway
+        counted = target.numel() if ignore_index is None else actual.sum()
     # separate ops, not one ``_foreach_sub``: ``tp`` is a strided view (the diagonal), which takes CUDA's multi-tensor
     # kernels off their fast route (one kernel per tensor, and the foreach overhead on top)
-    fp, fn = predicted - tp, confmat.sum(1) - tp
-    total = confmat.sum() if counted is None else counted
-    return tp, fp, torch.rsub(predicted, total) - fn, fn
+    fp, fn = predicted - tp, actual - tp
+    return torch.stack((tp, fp, torch.rsub(predicted, counted) - fn, fn)), keep
 
 
 def _confusion_counts(
@@ -831,15 +852,10 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         checked = self if self.validate_args else None
         if checked is not None:
             _multiclass_shape_checks(preds, target, self.num_classes, self.multidim_average)
-        confmat, keep = _lean_confusion(preds, target, self.num_classes, self.ignore_index, checked)
-        # with nothing ignored, every entry is in the matrix, or its batch is invalid and left out (keep = 0) anyway
-        counted = target.numel() if self.ignore_index is None and checked is not None else None
-        # one dense (4, C) block: its rows take the multi-tensor kernels' fast route (the diagonal ``tp`` would not),
-        # and an invalid batch is left out of it by one op (its C-sized stats, not its C*C matrix)
-        stats = torch.stack(_stats_of_confusion(confmat, counted))
+        stats, keep = _lean_stats(preds, target, self.num_classes, self.ignore_index, checked)
         if keep is not None:
             stats.mul_(keep)
-        add_to_states(self, _STAT_STATES, stats.unbind(0))
+        add_rows_to_states(self, _STAT_STATES, stats[:, : self.num_classes])  # rows of C contiguous counts
         _deferred.sweep(self)
         return
     invalid = None
