@@ -301,8 +301,11 @@ class _MetricMethod:
         if metric is None:
             return self.spec.replacement
         wrapper = metric.__dict__.get(self.name)
-        if getattr(getattr(wrapper, "__wrapped__", None), "__func__", None) is self.dispatcher:
-            return wrapper  # a metric created (or already adopted) while patched
+        try:  # attribute reads, not ``getattr`` with defaults: this runs at every ``metric.update`` of every metric
+            if wrapper.__wrapped__.__func__ is self.dispatcher:
+                return wrapper  # a metric created (or already adopted) while patched
+        except AttributeError:
+            pass
         cls = type(metric)
         direct = self._reaches_directly.get(cls)
         if direct is None:

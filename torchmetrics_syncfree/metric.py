@@ -104,12 +104,21 @@ def _wrap_update(self: Any, update: Callable) -> Callable:
         flags["_computed"] = None
         flags["_update_count"] += 1
         enable_grad = flags["_enable_grad"]
+        grad_enabled = torch.is_grad_enabled()
         try:
-            if torch.is_grad_enabled() == enable_grad:
+            if grad_enabled == enable_grad:
                 update(*args, **kwargs)
-            else:
+            elif _deferred.is_compiling():
                 with torch.set_grad_enabled(enable_grad):
                     update(*args, **kwargs)
+            else:
+                # the grad mode switched by hand: ``torch.set_grad_enabled``'s object and context protocol cost a
+                # microsecond of every update in a training loop (grad on, metric updates without grad)
+                torch._C._set_grad_enabled(enable_grad)
+                try:
+                    update(*args, **kwargs)
+                finally:
+                    torch._C._set_grad_enabled(grad_enabled)
         except RuntimeError as err:
             if "Expected all tensors to be on" in str(err):
                 raise RuntimeError(
@@ -153,6 +162,23 @@ def _plain_setattr(metric: Any) -> bool:
     return type(metric).__setattr__ is _METRIC_SETATTR
 
 
+class _Setattr:
+    """A mapping-like writer of a metric's attributes through its own ``__setattr__`` (see :func:`_flags_of`)."""
+
+    __slots__ = ("metric",)
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        setattr(self.metric, name, value)
+
+
+def _flags_of(metric: Any) -> Any:
+    """Where ``forward`` writes a metric's flags: its ``__dict__``, or through the class's own ``__setattr__``."""
+    return metric.__dict__ if _plain_setattr(metric) else _Setattr(metric)
+
+
 def _write(metric: Any, flags: dict[str, Any], name: str, value: Any) -> None:
     """``setattr(metric, name, value)`` for a state of a :func:`_plain_setattr` metric, as a write of ``flags``."""
     if name in flags:
@@ -191,9 +217,10 @@ def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
 
     The flags are plain attributes of the instance (no parameter, buffer, module or constant ``Metric.__setattr__``
     guards): written to its ``__dict__``, as ``setattr`` ends up doing after ``nn.Module.__setattr__``'s checks, which
-    cost about a microsecond each, six times per ``forward`` of every metric.
+    cost about a microsecond each, six times per ``forward`` of every metric. A class with its own ``__setattr__``
+    sees every write, as under stock (:func:`_flags_of`).
     """
-    flags = self.__dict__
+    flags = _flags_of(self)
     flags["_is_synced"] = False
     flags["_should_unsync"] = True
     flags["_to_sync"] = self.sync_on_compute
@@ -322,7 +349,7 @@ def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     defaults, idle = _deferred.leave_out_counters(self)
     try:
         global_state = _held_states(self)
-        flags = self.__dict__  # plain attributes of the instance (see ``_restore_after_forward``)
+        flags = _flags_of(self)  # plain attributes of the instance (see ``_restore_after_forward``)
         update_count = self._update_count
         compute_on_cpu = self.compute_on_cpu
         flags["_should_unsync"] = False  # before reset(), so that it knows it is forward's (stock sets it just after)
