@@ -47,7 +47,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ContextDecorator, contextmanager
+from contextlib import ContextDecorator
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
