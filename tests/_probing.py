@@ -9,7 +9,25 @@ from typing import Any
 
 import torch
 
-from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree import SyncProbe, _deferred
+
+#: the patched metric's code paths: the CPU path, and the device path simulated on CPU tensors with the check
+#: counters' host copy arriving at once or still in flight (a GPU a step behind)
+PATHS_WITH_FLIGHT = ("cpu", "device", "device-in-flight")
+
+
+@contextmanager
+def on_path(path: str) -> Iterator[None]:
+    """Run the body on ``path`` (one of :data:`PATHS_WITH_FLIGHT`)."""
+    if path == "cpu":
+        yield
+        return
+    _deferred.force_device_path(True)
+    try:
+        with _deferred.simulated_copy_delay(None if path == "device-in-flight" else 0):
+            yield
+    finally:
+        _deferred.force_device_path(False)
 
 
 def assert_sync_free_life(metric: Any, batches: Sequence[tuple[Any, ...]], updates: int = 1) -> None:

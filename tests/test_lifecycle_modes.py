@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,7 +33,8 @@ from torch import Tensor
 from torchmetrics.classification import BinaryAccuracy
 
 import torchmetrics_syncfree
-from torchmetrics_syncfree import _deferred, audit
+from tests._probing import PATHS_WITH_FLIGHT, on_path
+from torchmetrics_syncfree import audit
 
 #: Grad modes of Lightning's stages: training, evaluation (the default) and evaluation with ``inference_mode=False``
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
@@ -80,20 +81,6 @@ SEQUENCES: dict[str, tuple[Stage, ...]] = {
 
 #: the paths of the patched code: the CPU path; the GPU's, with the checks' host copy arriving at every sweep and
 #: with it still in flight (a GPU a step behind)
-PATHS = ("cpu", "device", "device-in-flight")
-
-
-@contextlib.contextmanager
-def _path(path: str) -> Iterator[None]:
-    if path == "cpu":
-        yield
-        return
-    _deferred.force_device_path(True)
-    try:
-        with _deferred.simulated_copy_delay(None if path == "device-in-flight" else 0):
-            yield
-    finally:
-        _deferred.force_device_path(False)
 
 
 #: what stock raises for an in-place update of a state made under inference mode, outside inference mode
@@ -192,8 +179,8 @@ def _assert_sequence_matches_stock(subject: Subject, stages: tuple[Stage, ...], 
             # the deviation (module docstring): a patched in-place update runs on; stock's own update raises as stock
             references["stock under no_grad"] = _run(subject, stages, modes={**MODES, "inference": torch.no_grad})
         with torchmetrics_syncfree.patched():
-            for path in PATHS:
-                with _path(path):
+            for path in PATHS_WITH_FLIGHT:
+                with on_path(path):
                     patched = _run(subject, stages)
                 kinds = [kind for kind, _ in patched]
                 matching = [name for name, ref in references.items() if [kind for kind, _ in ref] == kinds]
@@ -226,8 +213,8 @@ def test_a_metric_reset_under_inference_mode_is_used_there_again() -> None:
     expected = []
     for patched in (False, True):
         with torchmetrics_syncfree.patched() if patched else contextlib.nullcontext():
-            for path in PATHS if patched else ("cpu",):
-                with _path(path):
+            for path in PATHS_WITH_FLIGHT if patched else ("cpu",):
+                with on_path(path):
                     metric = BinaryAccuracy()
                     values = []
                     for _ in range(2):

@@ -20,7 +20,8 @@ from torchmetrics.aggregation import CatMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 import torchmetrics_syncfree
-from torchmetrics_syncfree import _deferred
+from tests._probing import PATHS_WITH_FLIGHT, on_path
+from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree.launches import count_launches
 
 PREDS = torch.tensor([[0.1, 0.7, 0.2], [0.8, 0.1, 0.1], [0.2, 0.2, 0.6], [0.3, 0.4, 0.3]])
@@ -52,10 +53,12 @@ def _run(make: Callable[[], Metric], calls: Callable[[Metric], Any]) -> Any:
     return calls(metric), metric
 
 
-def _stock_and_patched(make: Callable[[], Metric], calls: Callable[[Metric], Any]) -> tuple[Any, Any]:
+def _stock_and_patched(
+    make: Callable[[], Metric], calls: Callable[[Metric], Any], path: str = "cpu"
+) -> tuple[Any, Any]:
     torchmetrics_syncfree.unpatch_all()
     stock = _run(make, calls)
-    with torchmetrics_syncfree.patched():
+    with torchmetrics_syncfree.patched(), on_path(path):
         patched = _run(make, calls)
     return stock, patched
 
@@ -73,8 +76,9 @@ def _forward_steps(metric: Metric) -> list[Any]:
     ],
     ids=["accuracy", "f1"],
 )
-def test_forward_values_and_states_are_stock(make: Callable[[], Metric]) -> None:
-    (stock_values, stock), (patched_values, patched) = _stock_and_patched(make, _forward_steps)
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_forward_values_and_states_are_stock(make: Callable[[], Metric], path: str) -> None:
+    (stock_values, stock), (patched_values, patched) = _stock_and_patched(make, _forward_steps, path)
     for got, expected in zip(patched_values, stock_values):
         torch.testing.assert_close(got, expected)
     for name in stock._defaults:
@@ -83,9 +87,10 @@ def test_forward_values_and_states_are_stock(make: Callable[[], Metric]) -> None
     assert patched._computed is not None and stock._computed is not None  # compute() cached, as stock
 
 
-def test_forward_leaves_the_accumulated_tensors_as_they_were() -> None:
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_forward_leaves_the_accumulated_tensors_as_they_were(path: str) -> None:
     """The held global states are not written: a reference taken before ``forward`` keeps its values."""
-    with torchmetrics_syncfree.patched():
+    with torchmetrics_syncfree.patched(), on_path(path):
         metric = MulticlassAccuracy(num_classes=3, average="macro")
         metric.update(PREDS, TARGET)
         before = {name: getattr(metric, name) for name in ("tp", "fp", "tn", "fn")}
@@ -113,24 +118,27 @@ def test_forward_clones_no_accumulated_state() -> None:
     assert patched <= stock - 3
 
 
-def test_forward_of_a_metric_with_its_own_reset_copies_the_states() -> None:
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_forward_of_a_metric_with_its_own_reset_copies_the_states(path: str) -> None:
     (stock_values, _), (patched_values, _) = _stock_and_patched(
-        _InPlaceReset, lambda m: [m(torch.tensor(2.0)), m(torch.tensor(3.0)), m.compute()]
+        _InPlaceReset, lambda m: [m(torch.tensor(2.0)), m(torch.tensor(3.0)), m.compute()], path
     )
     assert [float(v) for v in patched_values] == [float(v) for v in stock_values] == [2.0, 3.0, 5.0]
 
 
-def test_forward_of_list_states_is_stock() -> None:
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_forward_of_list_states_is_stock(path: str) -> None:
     """``reset()`` clears a list state in place: forward keeps stock's copy of it."""
     (stock_values, stock), (patched_values, patched) = _stock_and_patched(
-        CatMetric, lambda m: [m(torch.tensor([1.0, 2.0])), m(torch.tensor([3.0])), m.compute()]
+        CatMetric, lambda m: [m(torch.tensor([1.0, 2.0])), m(torch.tensor([3.0])), m.compute()], path
     )
     for got, expected in zip(patched_values, stock_values):
         torch.testing.assert_close(got, expected)
     assert len(patched.value) == len(stock.value) == 2
 
 
-def test_forward_in_a_collection_with_compute_groups_is_stock() -> None:
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_forward_in_a_collection_with_compute_groups_is_stock(path: str) -> None:
     """Members of a compute group share their state tensors: a forward of one must not change the other's."""
 
     def make() -> MetricCollection:
@@ -146,14 +154,15 @@ def test_forward_in_a_collection_with_compute_groups_is_stock() -> None:
         collection.update(PREDS, TARGET)  # forms the group: the members share their states from here
         return [collection(PREDS, TARGET), collection(PREDS.flip(0), TARGET), collection.compute()]
 
-    (stock_values, _), (patched_values, _) = _stock_and_patched(make, steps)
+    (stock_values, _), (patched_values, _) = _stock_and_patched(make, steps, path)
     for got, expected in zip(patched_values, stock_values):
         for key in expected:
             torch.testing.assert_close(got[key], expected[key])
 
 
-def test_reset_makes_new_states_on_the_states_device() -> None:
-    with torchmetrics_syncfree.patched():
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_reset_makes_new_states_on_the_states_device(path: str) -> None:
+    with torchmetrics_syncfree.patched(), on_path(path):
         metric = MulticlassAccuracy(num_classes=3, average="macro")
         metric.update(PREDS, TARGET)
         held = metric.tp
@@ -222,3 +231,56 @@ def test_compute_on_cpu_moves_list_states_after_each_update() -> None:
         metric.update(torch.tensor([1.0]))
         metric.update(torch.tensor([2.0]))
     assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_forward_across_inference_mode_epochs_and_copies_is_stock(path: str) -> None:
+    """Lightning's sequence: validation forwards under ``inference_mode`` (its reset makes inference tensors), training
+    forwards outside it; a deepcopy and a pickle round trip midway carry the held-then-reduced states as stock's."""
+    import copy
+    import pickle
+
+    def calls(metric: Metric) -> list[Any]:
+        values = []
+        with torch.inference_mode():
+            values += [metric(PREDS, TARGET), metric.compute()]
+            metric.reset()
+        values += [metric(PREDS.flip(0), TARGET), metric(PREDS, TARGET)]
+        values += [copy.deepcopy(metric).compute(), pickle.loads(pickle.dumps(metric)).compute()]
+        with torch.inference_mode():
+            values.append(metric(PREDS, TARGET))
+        values.append(metric.compute())
+        return values
+
+    make = lambda: MulticlassF1Score(num_classes=3, average="macro")  # noqa: E731
+    (stock_values, _), (patched_values, _) = _stock_and_patched(make, calls, path)
+    for got, expected in zip(patched_values, stock_values):
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("path", ["device", "device-in-flight"])
+def test_report_step_with_the_new_metric_paths_does_not_sync(path: str) -> None:
+    """The probe sees no would-be sync in the report's metrics' ``update`` and ``forward`` on the device path, before
+    and after a user's ``reset()``; their ``compute`` reads the check counters once at most (an eager point)."""
+    with torchmetrics_syncfree.patched(), on_path(path):
+        metrics = [
+            (MulticlassAccuracy(num_classes=3, average="macro"), (PREDS, TARGET)),
+            (MulticlassF1Score(num_classes=3), (PREDS.flip(0), TARGET)),
+            (MeanMetric(), (torch.tensor(1.5),)),
+        ]
+        for metric, batch in metrics:
+            with SyncProbe() as probe:
+                metric.update(*batch)
+                metric(*batch)
+            assert probe.count == 0, probe.events
+            metric.reset()  # a user's reset: an eager point, which may read the checks
+            with SyncProbe() as probe:
+                metric(*batch)
+                metric.update(*batch)
+            assert probe.count == 0, probe.events
+        for metric, _ in metrics:
+            with SyncProbe() as probe:
+                metric.compute()
+            assert probe.count <= 1, probe.events
+            # the counters' one host copy (the layer's and the series' code differ in where it is made)
+            assert all((event.kind, event.op) == ("host wait", "Tensor.tolist") for event in probe.events), probe.events

@@ -204,7 +204,7 @@ def reads_are_free(tensor: Tensor) -> bool:
 
 def inside_forward(metric: Any) -> bool:
     """True while ``Metric.forward`` runs: it clears ``_should_unsync`` for its internal reset, update and compute."""
-    return not getattr(metric, "_should_unsync", True)
+    return not metric.__dict__.get("_should_unsync", True)  # an instance attribute: no attribute lookup chain
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -479,8 +479,7 @@ class _Reader:
     """
 
     def __init__(self, counters: Tensor) -> None:
-        self.device = counters.device
-        self.device_index = counters.get_device()  # -1 on CPU: compared at every sweep, cheaper than ``device``
+        self.device_index = counters.get_device()  # -1 on CPU; an int: compared at every sweep, cheaper than a device
         # normal tensors, even when made under inference mode: the reader copies into them in every mode
         with torch.inference_mode(False):
             self.snapshot = torch.zeros(counters.shape, dtype=counters.dtype, device=counters.device)
@@ -497,7 +496,7 @@ class _Reader:
                 self.host.copy_(self.snapshot)
         else:
             self.host.copy_(self.snapshot, non_blocking=True)
-            self.event.record(torch.cuda.current_stream(self.device))
+            self.event.record(torch.cuda.current_stream(counters.device))
         self.in_flight = True
         self.age = 0
 
@@ -526,7 +525,7 @@ _readers: dict[int, tuple[weakref.ref, _Reader]] = {}
 def _reader(metric: Any, counters: Tensor, create: bool = True) -> _Reader | None:
     key = id(metric)
     entry = _readers.get(key)
-    if entry is not None and entry[0]() is metric and entry[1].device == counters.device:
+    if entry is not None and entry[0]() is metric and entry[1].device_index == counters.get_device():
         return entry[1]
     if not create:
         return None
@@ -548,11 +547,10 @@ def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
 
 def _quiet_time(metric: Any) -> bool:
     """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
-    attributes = metric.__dict__  # (:func:`inside_forward` spelled out: this runs at the end of every update)
     return (
-        not attributes.get("_should_unsync", True)
+        inside_forward(metric)
         or torch.compiler.is_compiling()
-        or STATE not in attributes.get("_defaults", (STATE,))
+        or STATE not in metric.__dict__.get("_defaults", (STATE,))
     )
 
 

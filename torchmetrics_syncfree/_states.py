@@ -45,19 +45,26 @@ def read_only(tensor: Tensor) -> bool:
     return not _is_dynamo_compiling() and tensor.is_inference() and not torch.is_inference_mode_enabled()
 
 
-def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -> None:
+def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor] | Tensor) -> None:
     """``metric.<name> += value`` for each state name: in place, or as new tensors where the states are read-only.
 
     The states of one metric are made together (by ``reset()``, ``forward()`` or the constructor), so the first one
     tells for all of them. Several tensor values are added by one ``torch._foreach_add_``: one kernel launch on CUDA
-    (its multi-tensor path) where separate ``add_`` calls launch one each.
+    (its multi-tensor path) where separate ``add_`` calls launch one each. ``values`` may also be one tensor whose
+    rows are the values (a block computed together, e.g. by ``torch.stack``): its rows are dense and in the states'
+    shapes already, so nothing is checked or reshaped per value (this runs every update).
     """
     states = [getattr(metric, name) for name in names]
+    block = isinstance(values, Tensor)
+    if block:
+        values = values.unbind(0)
     if read_only(states[0]):
         for name, state, value in zip(names, states, values):
             setattr(metric, name, state + value)
         return
-    if len(states) > 1 and all(isinstance(value, Tensor) for value in values):
+    if block:
+        torch._foreach_add_(states, values)
+    elif len(states) > 1 and all(isinstance(value, Tensor) for value in values):
         # one op for all of them: on CUDA one multi-tensor kernel instead of one launch per state, where the kernel's
         # fast route takes them: the values in the states' shapes (a 0-dim count into a ``(1,)`` state: a view, no
         # launch; other shapes would take the slow route, one kernel per state)
@@ -65,23 +72,9 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor]) -
             states,
             [value if value.shape == state.shape else _shaped_as(value, state) for value, state in zip(values, states)],
         )
-        return
-    for state, value in zip(states, values):
-        state.add_(value)
-
-
-def add_rows_to_states(metric: Any, names: Sequence[str], rows: Tensor) -> None:
-    """:func:`add_to_states` of the rows of ``rows`` (one per name, each in its state's shape), one dense tensor.
-
-    For values computed together as one block (e.g. a ``torch.stack``): its rows are dense and shaped as the states,
-    which is what the multi-tensor kernel's fast route needs, so nothing is checked or reshaped per value.
-    """
-    states = [getattr(metric, name) for name in names]
-    if read_only(states[0]):
-        for name, state, row in zip(names, states, rows.unbind(0)):
-            setattr(metric, name, state + row)
-        return
-    torch._foreach_add_(states, rows.unbind(0))
+    else:
+        for state, value in zip(states, values):
+            state.add_(value)
 
 
 def _shaped_as(value: Tensor, state: Tensor) -> Tensor:

@@ -304,11 +304,7 @@ def _held_states(self: Any) -> dict[str, Any]:
     clears the list in place) and the states of a class with its own ``reset``, ``__setattr__`` or state copy.
     """
     cls = type(self)
-    if not (
-        cls.__setattr__ is _METRIC_SETATTR
-        and cls.reset is Metric.reset
-        and cls._copy_state_dict is Metric._copy_state_dict
-    ):
+    if not (_plain_setattr(self) and cls.reset is Metric.reset and cls._copy_state_dict is Metric._copy_state_dict):
         return self._copy_state_dict()
     held: dict[str, Any] = {}
     for attr in self._defaults:

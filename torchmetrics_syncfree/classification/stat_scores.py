@@ -91,7 +91,7 @@ from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_rows_to_states, add_to_states
+from torchmetrics_syncfree._states import add_to_states
 
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
@@ -655,13 +655,14 @@ def _lean_confusion(
 
 def _lean_stats(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, metric: Any | None
-) -> tuple[Tensor, Tensor | None]:
-    """tp/fp/tn/fn of scores ``preds`` on the device path as the ``C`` first columns of one ``(4, C + 1)`` block.
+) -> Tensor:
+    """tp/fp/tn/fn of scores ``preds`` on the device path as one ``(4, C)`` block, an invalid batch left out.
 
     From :func:`_lean_rows`, whose extra row and column give every per-class vector one more element, so that none
     needs slicing: the sink's own "class" comes out of the same ops (its ``fn`` is the sink's count) and is dropped
-    with the block's last column. ``tn`` is what the other three leave of the entries counted. ``keep`` as in
-    :func:`_lean_confusion`; the block is dense and multiplied by it in one op.
+    with the block's last column. ``tn`` is what the other three leave of the entries counted. With ``metric``, the
+    block is multiplied by ``keep`` (:func:`_lean_confusion`) in one op; its rows are ``C`` contiguous counts each,
+    which CUDA's multi-tensor add takes on its fast route.
     """
     rows = _lean_rows(preds, target, num_classes, ignore_index)
     actual, tp = rows.sum(1), rows.diagonal()  # per target class (the sink's count last); the sink's tp is 0
@@ -676,7 +677,10 @@ def _lean_stats(
     # separate ops, not one ``_foreach_sub``: ``tp`` is a strided view (the diagonal), which takes CUDA's multi-tensor
     # kernels off their fast route (one kernel per tensor, and the foreach overhead on top)
     fp, fn = predicted - tp, actual - tp
-    return torch.stack((tp, fp, torch.rsub(predicted, counted) - fn, fn)), keep
+    stats = torch.stack((tp, fp, torch.rsub(predicted, counted) - fn, fn))
+    if keep is not None:
+        stats.mul_(keep)
+    return stats[:, :num_classes]
 
 
 def _confusion_counts(
@@ -852,10 +856,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         checked = self if self.validate_args else None
         if checked is not None:
             _multiclass_shape_checks(preds, target, self.num_classes, self.multidim_average)
-        stats, keep = _lean_stats(preds, target, self.num_classes, self.ignore_index, checked)
-        if keep is not None:
-            stats.mul_(keep)
-        add_rows_to_states(self, _STAT_STATES, stats[:, : self.num_classes])  # rows of C contiguous counts
+        add_to_states(self, _STAT_STATES, _lean_stats(preds, target, self.num_classes, self.ignore_index, checked))
         _deferred.sweep(self)
         return
     invalid = None
