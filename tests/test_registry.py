@@ -31,10 +31,16 @@ SAFE_DIVIDE = "torchmetrics.utilities.compute._safe_divide"
 LATE_PACKAGE = "torchmetrics.functional.segmentation"
 
 
+def _available_targets() -> list[str]:
+    """Every declared target the installed releases have (an optional setting may be absent from older torch)."""
+    absent = set(torchmetrics_syncfree.unavailable_targets())
+    return [target for target in torchmetrics_syncfree.declared_targets() if target not in absent]
+
+
 def _class_attributes() -> dict[str, object]:
-    """The raw objects behind every declared target, as found in their owners' namespaces."""
+    """The raw objects behind every available target, as found in their owners' namespaces."""
     found = {}
-    for target in torchmetrics_syncfree.declared_targets():
+    for target in _available_targets():
         owner, name = _registry._resolve(target)
         found[target] = owner.__dict__.get(name, "<absent>") if isinstance(owner, type) else getattr(owner, name)
     return found
@@ -50,7 +56,7 @@ def _syncs_of_update(metric: MeanMetric) -> int:
 def test_patch_all_reports_and_unpatch_restores_identical_objects():
     before = _class_attributes()
     patched = torchmetrics_syncfree.patch_all()
-    assert patched == torchmetrics_syncfree.declared_targets()
+    assert patched == _available_targets()
     assert MEAN_UPDATE in patched
     assert all(torchmetrics_syncfree.is_patched(target) for target in patched)
     assert _class_attributes() != before
@@ -209,6 +215,48 @@ def test_failure_while_installing_rolls_back(monkeypatch):
     assert not any(torchmetrics_syncfree.is_patched(target) for target in before)
 
 
+DYNAMO_SETTING = "torch._dynamo.config.allow_unspec_int_on_nn_module"
+
+
+def test_an_optional_setting_the_installed_torch_lacks_is_left_out(monkeypatch):
+    """A torch without the setting (before 2.6) is patched without it; every metric patch still goes in."""
+    import torch._dynamo.config
+
+    spec = _registry._spec(DYNAMO_SETTING)
+    assert spec.optional
+    monkeypatch.setattr(_registry, "_resolve", _without(DYNAMO_SETTING, _registry._resolve))
+    assert torchmetrics_syncfree.unavailable_targets() == [DYNAMO_SETTING]
+    patched = torchmetrics_syncfree.patch_all()
+    assert DYNAMO_SETTING not in patched
+    assert MEAN_UPDATE in patched
+    assert not torchmetrics_syncfree.is_patched(DYNAMO_SETTING)
+    assert DYNAMO_SETTING not in torchmetrics_syncfree.unpatch_all()
+
+
+def test_a_required_setting_the_installed_torch_lacks_refuses_the_patch(monkeypatch):
+    spec = _registry._spec(DYNAMO_SETTING)
+    monkeypatch.setattr(spec, "optional", False)
+    monkeypatch.setattr(_registry, "_resolve", _without(DYNAMO_SETTING, _registry._resolve))
+    with pytest.raises(torchmetrics_syncfree.PatchTargetError, match="does not exist"):
+        torchmetrics_syncfree.patch_all()
+    assert not torchmetrics_syncfree.patched_targets()
+
+
+def _without(target: str, resolve: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``_registry._resolve`` as on a release without ``target``: its owner lacks the attribute."""
+
+    def resolve_without(dotted: str) -> Any:
+        owner, name = resolve(dotted)
+        return (ModuleType("stand-in without the setting"), name) if dotted == target else (owner, name)
+
+    return resolve_without
+
+
+def test_unavailable_targets_are_those_of_the_installed_torch():
+    has_setting = hasattr(_registry._resolve(DYNAMO_SETTING)[0], "allow_unspec_int_on_nn_module")
+    assert (DYNAMO_SETTING in torchmetrics_syncfree.unavailable_targets()) is not has_setting
+
+
 @pytest.mark.slow  # ~40 s of threads racing the registry, whose code is the same on every release: latest only
 def test_concurrent_patch_and_unpatch_leave_a_consistent_state():
     errors = []
@@ -226,7 +274,7 @@ def test_concurrent_patch_and_unpatch_leave_a_consistent_state():
     for thread in threads:
         thread.join(timeout=60)
     assert not errors
-    states = {torchmetrics_syncfree.is_patched(t) for t in torchmetrics_syncfree.declared_targets()}
+    states = {torchmetrics_syncfree.is_patched(t) for t in _available_targets()}
     assert len(states) == 1, "all targets patched or none"
     torchmetrics_syncfree.unpatch_all()
     assert BaseAggregator.__dict__["_cast_and_nan_check_input"] is torchmetrics_syncfree.get_original(CAST_CHECK)

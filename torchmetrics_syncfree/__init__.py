@@ -27,6 +27,7 @@ from torchmetrics_syncfree._registry import (
     patched_targets,
     register_area,
     registered_areas,
+    unavailable_targets,
     unpatch_all,
 )
 from torchmetrics_syncfree.probe import SyncEvent, SyncProbe
@@ -138,5 +139,6 @@ __all__ = [
     "patched",
     "patched_targets",
     "registered_areas",
+    "unavailable_targets",
     "unpatch_all",
 ]

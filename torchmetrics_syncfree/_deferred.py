@@ -38,14 +38,13 @@ import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
-from torchmetrics_syncfree import probe
+from torchmetrics_syncfree import _compat, probe
 from torchmetrics_syncfree._registry import stock
 from torchmetrics_syncfree._states import read_only
 
@@ -170,19 +169,8 @@ def device_path_forced() -> bool:
     return _forced
 
 
-# ``torch.compiler.is_compiling()`` is ``not torch.jit.is_scripting() and _is_compiling_flag`` on recent torch: two
-# Python calls on every check of every update. Where torch has both halves, ``reads_are_free`` asks them itself in one
-# call: ``is_dynamo_compiling`` (which dynamo folds to True while it traces, as it folds ``is_compiling``) and the flag
-# that ``torch.export`` and compilation set; TorchScript never runs this code. Other torch: ``is_compiling`` alone.
-if hasattr(torch.compiler, "is_dynamo_compiling") and hasattr(torch.compiler, "_is_compiling_flag"):
-    _is_dynamo_compiling, _compiling_flags = torch.compiler.is_dynamo_compiling, torch.compiler
-else:
-    _is_dynamo_compiling, _compiling_flags = torch.compiler.is_compiling, SimpleNamespace(_is_compiling_flag=False)
-
-
-def is_compiling() -> bool:
-    """Whether ``torch.compile`` (dynamo, export) is tracing now; one Python call (see :func:`reads_are_free`)."""
-    return _is_dynamo_compiling() or _compiling_flags._is_compiling_flag
+_is_dynamo_compiling, _compiling_flags = _compat.is_dynamo_compiling, _compat.compiling_flags
+is_compiling = _compat.is_compiling
 
 
 def reads_are_free(tensor: Tensor) -> bool:
@@ -549,7 +537,7 @@ def _quiet_time(metric: Any) -> bool:
     """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
     return (
         inside_forward(metric)
-        or torch.compiler.is_compiling()
+        or is_compiling()
         or STATE not in metric.__dict__.get("_defaults", (STATE,))
     )
 

@@ -17,7 +17,8 @@ Two kinds of targets exist:
 
 ``setting``
     A configuration value outside TorchMetrics that the patched code needs (:func:`declares_setting`), set while
-    patched and put back by :func:`unpatch_all`.
+    patched and put back by :func:`unpatch_all`. A setting declared ``optional`` that the installed torch lacks is
+    left alone (feature detection: :func:`unavailable_targets` names it); a required one fails :func:`patch_all`.
 
 ``metric_method``
     ``update`` or ``compute`` of a :class:`~torchmetrics.Metric` subclass. ``Metric.__init__`` wraps the *bound*
@@ -82,6 +83,7 @@ class PatchSpec:
         area: the upstream area (module of this package) that declared the patch.
         everywhere: for ``attribute`` patches of module-level functions, also replace every other
             ``torchmetrics.*`` module's reference to the same object.
+        optional: for ``setting`` targets, a release that lacks the setting is patched without it.
 
     """
 
@@ -91,6 +93,7 @@ class PatchSpec:
     params: tuple[str, ...] | None
     area: str
     everywhere: bool = False
+    optional: bool = False
     active: bool = False
     original: Any = _MISSING
     # (namespace, attribute name, previous value or _MISSING) for every place the patch was written to
@@ -164,18 +167,22 @@ def _area_of(module: str) -> str:
     return max(holding)[1] if holding else module.rsplit(".", 1)[-1]
 
 
-def declares_setting(target: str, value: Any, area: str) -> None:
+def declares_setting(target: str, value: Any, area: str, *, optional: bool = False) -> None:
     """Declare that ``area`` needs the module attribute ``target`` set to ``value`` while patched.
+
+    ``optional``: the setting only improves something (e.g. how often ``torch.compile`` recompiles) that releases
+    without it do without; :func:`patch_all` then skips it where the installed torch does not have it.
 
     Example:
         >>> from torchmetrics_syncfree._registry import declares_setting
-        >>> declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, "metric")  # doctest: +SKIP
+        >>> declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, "metric",
+        ...                  optional=True)  # doctest: +SKIP
 
     """
     with _lock:
         if target in _specs and _specs[target].replacement != value:
             raise ValueError(f"{target} is already declared with {_specs[target].replacement!r}")
-        _specs[target] = PatchSpec(target, value, "setting", None, area)
+        _specs[target] = PatchSpec(target, value, "setting", None, area, optional=optional)
 
 
 def register_area(name: str, module: str, requires: tuple[str, ...] = ()) -> None:
@@ -242,6 +249,17 @@ def check_version(force: bool = False) -> None:
             f" {installed_torchmetrics_version()} is installed. Nothing was patched. To try anyway, call"
             f" patch_all(force=True) or set {FORCE_ENV_VAR}=1 (every target is still checked)."
         )
+
+
+def _available(spec: PatchSpec) -> bool:
+    """Whether the installed releases have the target of an optional setting (every other target: True)."""
+    if not spec.optional:
+        return True
+    try:
+        owner, name = _resolve(spec.target)
+    except PatchTargetError:
+        return False
+    return hasattr(owner, name)
 
 
 def _validate(spec: PatchSpec) -> Any:
@@ -524,7 +542,7 @@ def patch_all(*, areas: list[str] | None = None, force: bool = False, verbose: b
     with _lock:
         check_version(force)
         specs = _load_areas(areas)
-        pending = [(spec, _validate(spec)) for spec in specs if not spec.active]
+        pending = [(spec, _validate(spec)) for spec in specs if not spec.active and _available(spec)]
         done: list[PatchSpec] = []
         bindings = _module_bindings(original for spec, original in pending if spec.everywhere)
         try:
@@ -613,6 +631,19 @@ def get_original(target: str) -> Any:
         return spec.original
     owner, name = _resolve(target)
     return getattr(owner, name) if spec.kind == "setting" else _lookup(owner, name)
+
+
+def unavailable_targets() -> list[str]:
+    """The optional targets (settings) that the installed releases lack: :func:`patch_all` leaves them out.
+
+    Example:
+        >>> import torchmetrics_syncfree
+        >>> isinstance(torchmetrics_syncfree.unavailable_targets(), list)
+        True
+
+    """
+    with _lock:
+        return sorted(spec.target for spec in _load_areas() if not _available(spec))
 
 
 def patched_targets() -> list[str]:

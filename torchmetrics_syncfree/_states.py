@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 # the same test as ``_deferred.reads_are_free``'s: folded to True while dynamo traces
-_is_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+from torchmetrics_syncfree._compat import is_dynamo_compiling as _is_dynamo_compiling
 
 
 def read_only(tensor: Tensor) -> bool:

@@ -30,7 +30,7 @@ Compiled steps: ``Metric.update``'s wrapper counts updates in ``self._update_cou
 ``nn.Module``, which ``torch.compile`` treats as a constant: every update recompiles the step until the recompile
 limit (TorchMetrics #1780). While patched, ``torch._dynamo.config.allow_unspec_int_on_nn_module`` is set, so that such
 ints become dynamic after one recompile (a step compiles twice, then never again); :func:`unpatch_all` puts the
-previous value back.
+previous value back. A torch without the setting (older releases) is patched without it.
 
 """
 
@@ -51,7 +51,9 @@ from torchmetrics_syncfree._registry import declares_setting, replaces, stock
 
 _METRIC = "torchmetrics.metric.Metric"
 
-declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, area="metric")
+# torch 2.6 introduced the setting; older releases recompile a compiled step until the recompile limit (README: support
+# matrix), and patch_all() leaves the setting out there
+declares_setting("torch._dynamo.config.allow_unspec_int_on_nn_module", True, area="metric", optional=True)
 
 
 @replaces(

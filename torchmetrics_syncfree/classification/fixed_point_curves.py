@@ -42,6 +42,7 @@ on the list state without ignored entries.
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -185,6 +186,17 @@ def _first(values: Tensor, index: Tensor) -> Tensor:
     return values.expand(*index.shape[:-1], values.shape[-1]).gather(-1, index).squeeze(-1)
 
 
+def _representable(value: float, dtype: torch.dtype) -> float:
+    """``value`` as a tensor of ``dtype`` holds it: stock's ``1e6`` reads ``inf`` in half precision.
+
+    ``torch.where`` with the Python number itself rounds it so on recent torch, but raises an overflow error before
+    torch 2.6 or so (and ``full_like`` does on every release).
+    """
+    if dtype.is_floating_point and math.isfinite(value) and abs(value) > torch.finfo(dtype).max:
+        return math.copysign(math.inf, value)
+    return value
+
+
 def _qualifying(condition: Tensor, valid: Tensor | None) -> Tensor:
     """The points that meet ``condition`` and are not ignored entries' (``valid``: ``None`` where none is)."""
     return condition if valid is None else condition & valid
@@ -196,9 +208,7 @@ def _zero_where_none_qualifies(found: Tensor, best: Tensor, best_threshold: Tens
     Wherever the best value is 0 the threshold is stock's no-value threshold.
     """
     best = torch.where(found, best, torch.zeros_like(best))
-    # a Python scalar, not ``full_like``: in half precision stock's ``1e6`` is ``inf``, which ``full_like`` of more than
-    # one element refuses (an overflow error)
-    return best, torch.where(best == 0, _NO_THRESHOLD, best_threshold)
+    return best, torch.where(best == 0, _representable(_NO_THRESHOLD, best_threshold.dtype), best_threshold)
 
 
 def _precision_at_recall(
@@ -250,7 +260,7 @@ def _best_where_at_least(
     index = torch.where(mask, value, -torch.inf).argmax(-1, keepdim=True)
     best, best_t = _first(value, index), _first(thresholds, index)
     best = torch.where(found, best, torch.zeros_like(best))
-    return best, torch.where(found, best_t, _NO_THRESHOLD_ROC)  # (a scalar: see ``_zero_where_none_qualifies``)
+    return best, torch.where(found, best_t, _representable(_NO_THRESHOLD_ROC, best_t.dtype))
 
 
 def _eer(fpr: Tensor, tpr: Tensor, valid: Tensor | None) -> Tensor:
