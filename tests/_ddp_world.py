@@ -53,6 +53,10 @@ def _rank_main(scenarios: list[Scenario], rank: int, world_size: int, tmp: str) 
                 results[f"{fn.__name__}@{backend}"] = fn(rank, world_size)
             finally:
                 dist.new_group, dist.barrier, dist.all_gather = new_group, barrier, all_gather
+                # every rank done with its collectives before any tears its groups down: torch 2.5's
+                # destroy_process_group hung now and then (1 run in 5 on 2 ranks) without this barrier (on a gloo
+                # group of its own: the default group may have no CPU backend)
+                dist.barrier(group=dist.new_group(backend="gloo"))
                 dist.destroy_process_group()
         torch.save({"result": results}, out)
     except BaseException:
