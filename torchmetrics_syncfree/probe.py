@@ -79,6 +79,9 @@ _INDEX_OPS = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.defa
 _REPEAT_INTERLEAVE_OPS = {_aten.repeat_interleave.Tensor, _aten.repeat_interleave.self_Tensor}
 _FACTORIES_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
 _HOST_CONVERSIONS = {torch.Tensor.tolist, torch.Tensor.numpy}
+#: torch functions whose host reads run on CPU tensors only: ``quantile`` checks that ``q`` is in [0, 1] with a read
+#: (``aten.equal`` before torch 2.6 or so) where the input is on the CPU, and skips the check on accelerators
+_CPU_ONLY_READS = {torch.quantile, torch.nanquantile, torch.Tensor.quantile, torch.Tensor.nanquantile}
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_FILE = os.path.abspath(__file__)
@@ -255,6 +258,9 @@ class _FunctionWatcher(TorchFunctionMode):
                 report(H2D_COPY, _function_name(func), self.probe)
         elif func in _HOST_CONVERSIONS:
             report(D2H_READ, _function_name(func), self.probe)
+        elif func in _CPU_ONLY_READS:
+            with quiet():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
 
