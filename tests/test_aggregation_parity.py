@@ -379,6 +379,54 @@ def test_float_strategy_imputes_in_the_input_dtype_as_stock(metric_cls, fill, de
     assert_same_outcome(stock, patched, exact=True)
 
 
+def _fill_overflow_run(metric_cls: type, patched: bool, delay: int | None) -> tuple[list[str], object]:
+    """Three half-precision batches, the second with NaN, a fill of 1e5: each error's text, then the value."""
+    batches = [t([1.0, 2.0], dtype=torch.float16), t([NAN, 4.0], dtype=torch.float16), t([3.0], dtype=torch.float16)]
+    errors = []
+    context = torchmetrics_syncfree.patched() if patched else contextlib.nullcontext()
+    with context, _deferred.simulated_copy_delay(delay), SyncProbe() if delay != "cpu" else contextlib.nullcontext():
+        metric = metric_cls(nan_strategy=1e5)
+        for batch in batches:
+            try:
+                metric.update(batch.clone())
+            except RuntimeError as err:
+                errors.append(str(err))
+        for _ in range(2):  # the second compute() after an error reported by the first
+            try:
+                return errors, metric.compute()
+            except RuntimeError as err:
+                errors.append(str(err))
+    raise AssertionError("compute() raised twice")
+
+
+@pytest.mark.parametrize("metric_cls", AGGREGATORS)
+@pytest.mark.parametrize("delay", ["cpu", 0, None], ids=["cpu-path", "copy-arrived", "copy-in-flight"])
+def test_a_fill_the_input_dtype_cannot_hold_fails_as_stock(metric_cls, delay):
+    """Where this torch build raises writing 1e5 into float16 (most builds do), a batch with NaN raises stock's error,
+    once, and never reaches the state; the batches without NaN count. On the device path the error comes at an eager
+    point (the end of the update, or ``compute()`` while the copy is in flight)."""
+    stock_errors, stock_value = _fill_overflow_run(metric_cls, patched=False, delay="cpu")
+    errors, value = _fill_overflow_run(metric_cls, patched=True, delay=delay)
+    assert errors == stock_errors
+    torch.testing.assert_close(value, stock_value, rtol=0, atol=0, equal_nan=True)
+    if stock_errors:  # a build that raises: the batch with NaN is not in the value
+        assert len(stock_errors) == 1
+        assert "without overflow" in stock_errors[0]
+
+
+def test_which_dtypes_refuse_an_overflowing_fill_is_this_builds():
+    from torchmetrics_syncfree.aggregation import _FILL_OVERFLOW
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.zeros(1, dtype=dtype)
+        try:
+            x[t([True])] = 1e39
+        except RuntimeError as err:
+            assert _FILL_OVERFLOW[dtype].message == str(err)
+        else:
+            assert dtype not in _FILL_OVERFLOW
+
+
 @pytest.mark.parametrize("strategy", ["ignore", "warn"])
 @pytest.mark.parametrize("device_path", [False, True], ids=["cpu-path", "device-path"])
 def test_gradient_of_a_value_whose_weight_is_nan_is_stocks(strategy, device_path):

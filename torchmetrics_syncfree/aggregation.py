@@ -71,6 +71,31 @@ _NAN_MESSAGE = "Encountered `nan` values in tensor"
 NAN_ERROR = _deferred.Check("aggregation.nan-error", _NAN_MESSAGE, RuntimeError)
 NAN_WARNING = _deferred.Check("aggregation.nan-warning", f"{_NAN_MESSAGE}. Will be removed.", UserWarning)
 _REPORTED_NAN = {"error": NAN_ERROR, "warn": NAN_WARNING}
+
+
+def _fill_overflow_checks() -> dict[torch.dtype, _deferred.Check]:
+    """What stock's imputation ``x[nans] = fill`` raises, per dtype, where ``fill`` is beyond the dtype's range.
+
+    Torch builds differ: most raise ``value cannot be converted to type ... without overflow``; some round the fill to
+    infinity in half precision (the CPU wheel of torch 2.13). One write of a 1-element CPU tensor per dtype tells
+    which, and in this build's words.
+    """
+    from torchmetrics_syncfree import probe
+
+    checks = {}
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.zeros(1, dtype=dtype)
+        try:
+            with probe.quiet():
+                x[torch.ones(1, dtype=torch.bool)] = 2.0 * torch.finfo(dtype).max
+        except RuntimeError as err:
+            checks[dtype] = _deferred.Check(f"aggregation.fill-overflow.{dtype}", str(err), RuntimeError)
+    return checks
+
+
+#: per input dtype, what stock raises where a float ``nan_strategy`` does not fit it (empty where nothing raises)
+_FILL_OVERFLOW = _fill_overflow_checks()
+_FILL_OVERFLOW_KINDS = frozenset(_FILL_OVERFLOW.values())
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -112,17 +137,49 @@ def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tenso
         return any_nan if _deferred.record(metric, NAN_ERROR, any_nan) else None
     if strategy == "warn":
         return nans if _deferred.record(metric, NAN_WARNING, nans.any()) else None
+    overflow = _fill_overflow(metric, value, weight)
+    if overflow is not None:  # stock's imputation raises: the batch is left out, as for "error"
+        any_nan = nans.any()
+        return any_nan if _deferred.record(metric, overflow, any_nan) else None
     # "ignore" and float strategies report nothing; where reading the check is free, stock's ``if nans.any()``
     return None if _deferred.reads_are_free(nans) and not nans.any() else nans
+
+
+def _fill_overflow(metric: Any, value: Tensor, weight: Tensor | None = None) -> _deferred.Check | None:
+    """The error stock raises imputing a float ``nan_strategy`` that ``value``'s dtype cannot hold (``None``: none).
+
+    TorchMetrics 1.6 also writes the fill into the weight. A metric reports one such check: where its inputs change
+    dtype it keeps the first (a counter per metric, see :func:`~torchmetrics_syncfree._deferred.add_checks`).
+    """
+    fill = metric.nan_strategy
+    if fill.__class__ is not float or not _FILL_OVERFLOW or not math.isfinite(fill):
+        return None
+    written = (value,) if _FILL_WEIGHT_IS_ONE or weight is None else (value, weight)
+    for x in written:
+        check = _FILL_OVERFLOW.get(x.dtype)
+        if check is not None and abs(fill) > torch.finfo(x.dtype).max:
+            return metric.__dict__[_deferred.KINDS][0] if _reports_fill_overflow(metric) else check
+    return None
+
+
+def _reports_fill_overflow(metric: Any) -> bool:
+    kinds = metric.__dict__.get(_deferred.KINDS)
+    return bool(kinds) and kinds[0] in _FILL_OVERFLOW_KINDS
+
+
+def _drops_batch(metric: Any, value: Tensor, weight: Tensor | None = None) -> bool:
+    """Whether a batch with NaN never reaches the state: ``"error"``, or a fill stock fails to write."""
+    return metric.nan_strategy == "error" or _fill_overflow(metric, value, weight) is not None
 
 
 def _as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def _impute_value(metric: Any) -> float | None:
+def _impute_value(metric: Any, value: Tensor, weight: Tensor | None = None) -> float | None:
+    """The float ``nan_strategy`` imputed into ``value`` (``None``: nothing is imputed, see :func:`_drops_batch`)."""
     strategy = metric.nan_strategy
-    return strategy if isinstance(strategy, float) else None
+    return strategy if isinstance(strategy, float) and _fill_overflow(metric, value, weight) is None else None
 
 
 def _fill_of(x: Tensor, fill: float) -> Tensor:
@@ -221,7 +278,7 @@ def _cast_and_neutralise(metric: Any, value: Tensor, neutral: float) -> Tensor:
     For Max/Min/Cat, whose results do not depend on the order of the entries (layouts do not matter here).
     """
     mask = _nan_mask(metric, value)
-    fill = _impute_value(metric)
+    fill = _impute_value(metric, value)
     if mask is not None and fill is not None:
         value, mask = torch.where(mask, _fill_of(value, fill), value), None
     value = _as_dtype(value, metric.dtype)
@@ -256,14 +313,13 @@ def _cast_and_nan_check_input(
     subclasses.
 
     """
-    if self.nan_strategy in ("warn", "ignore", "error"):
-        return stock(f"{_MODULE}.BaseAggregator._cast_and_nan_check_input")(
-            self, _to_metric_tensor(self, x), None if weight is None else _to_metric_tensor(self, weight)
-        )
     x = _to_metric_tensor(self, x)
-    weight = torch.ones_like(x) if weight is None else _to_metric_tensor(self, weight)
+    weight = None if weight is None else _to_metric_tensor(self, weight)
+    if self.nan_strategy in ("warn", "ignore", "error") or _fill_overflow(self, x, weight) is not None:
+        return stock(f"{_MODULE}.BaseAggregator._cast_and_nan_check_input")(self, x, weight)
+    weight = torch.ones_like(x) if weight is None else weight
     mask = _nan_mask(self, x, weight)
-    fill = _impute_value(self)
+    fill = _impute_value(self, x, weight)
     if mask is not None and fill is not None:
         x = _impute(x, mask, _fill_of(x, fill))
         weight = _impute(weight, mask, _fill_of(weight, 1.0 if _FILL_WEIGHT_IS_ONE else fill))
@@ -290,7 +346,7 @@ def _mean_fold(self: Any, value: float | Tensor, weight: float | Tensor | None) 
     if value.numel() == 0:
         return
     mask = _nan_mask(self, value, weight)
-    fill = _impute_value(self)
+    fill = _impute_value(self, value, weight)
     if weight is None and (fill is None or mask is None or _FILL_WEIGHT_IS_ONE):
         sums = _unit_weight_sums(self, value, mask, fill)
     else:
@@ -311,7 +367,7 @@ def _unit_weight_sums(metric: Any, value: Tensor, mask: Tensor | None, fill: flo
     value_ = _as_dtype(value, metric.dtype)
     if mask is None:
         return (value_ if _dense(value_) else value_.clone()).sum(), value.numel()
-    if metric.nan_strategy == "error":  # device path: a batch that holds NaN never reaches the state
+    if _drops_batch(metric, value):  # device path: a batch that holds NaN never reaches the state
         total = (value_ if _dense(value_) else value_.clone()).sum()
         return total.masked_fill(mask, 0.0), mask.logical_not() * value.numel()
     if fill is not None:  # imputed before the cast (see _fill_of); an imputed entry weighs 1 (1.7+)
@@ -335,7 +391,7 @@ def _weighted_sums(
     if mask is None:
         value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
         return (value * weight).sum(), weight.sum()
-    if metric.nan_strategy == "error":  # device path: a batch that holds NaN never reaches the state
+    if _drops_batch(metric, value, weight):  # device path: a batch that holds NaN never reaches the state
         value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
         if value.requires_grad:  # a NaN weight must not reach the value's gradient (0 * NaN)
             value = torch.where(mask, 0.0, value)
@@ -390,11 +446,12 @@ def _sum_of(metric: Any, value: Tensor) -> Tensor:
     mask = _nan_mask(metric, value)
     if mask is None:
         return _as_dtype(value, metric.dtype).sum()
-    fill = _impute_value(metric)
+    fill = _impute_value(metric, value)
     if fill is not None and (fill != 0.0 or math.copysign(1.0, fill) < 0):
         return _as_dtype(_impute(value, mask, _fill_of(value, fill), own_nans=True), metric.dtype).sum()
+    dropped = _drops_batch(metric, value)
     value = _as_dtype(value, metric.dtype)
-    if metric.nan_strategy == "error":  # device path: a batch that holds NaN never reaches the state
+    if dropped:  # device path: a batch that holds NaN never reaches the state
         return value.sum().masked_fill(mask, 0.0)
     if fill is None and _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction (reads, free here)
         return value[~mask].sum()
@@ -464,7 +521,9 @@ def _cat_compute(self: Any) -> Tensor | list:
     if isinstance(values, list) and not values:
         return values
     batches = [values] if isinstance(values, Tensor) else values
-    if self.nan_strategy not in ("warn", "ignore", "error") or (
+    # a batch whose fill stock failed to write was kept as NaN on the device path (its error reported): left out whole
+    dropped_whole = self.nan_strategy == "error" or _reports_fill_overflow(self)
+    if (self.nan_strategy not in ("warn", "ignore", "error") and not dropped_whole) or (
         _deferred.inside_forward(self) and not _deferred.reads_are_free(batches[0])
     ):
         return _concatenated(values)
@@ -473,7 +532,7 @@ def _cat_compute(self: Any) -> Tensor | list:
     has_nan = torch.stack([torch.isnan(batch).any() for batch in batches]).tolist()
     if not any(has_nan):
         return _concatenated(values)
-    kept = _without_nan(batches, has_nan, whole_batches=self.nan_strategy == "error")
+    kept = _without_nan(batches, has_nan, whole_batches=dropped_whole)
     if kept:
         return dim_zero_cat(kept)
     return values[:0].flatten() if isinstance(values, Tensor) else []
