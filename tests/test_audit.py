@@ -13,6 +13,7 @@ from torchmetrics import Metric
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from tests._probing import stock_counts_of_torch_2_13
 from torchmetrics_syncfree import SyncProbe, _deferred, audit
 from torchmetrics_syncfree import patched as syncfree_patched
 from torchmetrics_syncfree.__main__ import main
@@ -96,6 +97,7 @@ def test_stock_mean_update_of_a_loss_matches_the_probe():
         ("Accuracy(task='multiclass', num_classes=5, average='micro')", 0, 0),
     ],
 )
+@stock_counts_of_torch_2_13
 def test_stock_counts_on_torchmetrics_1_9(label, update, forward):
     config = next(c for c in CATALOGUE if c.label == label)
     result = audit_config(config)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from lightning_utilities.core.imports import compare_version
 
+from tests._probing import stock_counts_of_torch_2_13
 from torchmetrics_syncfree import census
 from torchmetrics_syncfree.__main__ import main
 
@@ -51,6 +52,7 @@ def test_the_readme_coverage_table_is_generated_from_the_record():
     assert coverage_table.check() == 0
 
 
+@stock_counts_of_torch_2_13
 @tm190
 @pytest.mark.parametrize("name", LIVE)
 def test_the_record_matches_a_live_census(name):

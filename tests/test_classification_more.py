@@ -344,6 +344,7 @@ def test_zero_l2_calibration_error_is_a_float_on_the_device_path(syncfree: Any) 
 
 
 @pytest.mark.parametrize("name", ["MultilabelRankingAveragePrecision", "BinaryFairness"])
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(name: str) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

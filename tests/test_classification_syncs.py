@@ -20,6 +20,7 @@ from tests._classification_cases import (
     make_metric,
     pending_checks,
 )
+from tests._probing import stock_counts_of_torch_2_13
 from torchmetrics_syncfree import SyncProbe, _deferred, probe
 
 
@@ -66,6 +67,7 @@ def test_stock_syncs_are_seen(name: str) -> None:
     assert not missing
 
 
+@stock_counts_of_torch_2_13
 def test_stock_sync_points(sync_probe: Any) -> None:
     """The sync points the module docstring lists are real: bincount and the macro weight mask."""
     metric = make_metric("Precision", "multiclass", "macro")

@@ -28,6 +28,8 @@ from tests._probing import graph_breaks
 from tests.conftest import cuda
 from torchmetrics_syncfree.audit import build_metric, catalogue, make_inputs, parse_spec
 
+pytestmark = pytest.mark.compile
+
 NUM_CLASSES = 10
 STEPS = 30
 

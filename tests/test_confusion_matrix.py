@@ -272,6 +272,7 @@ def test_metric_created_before_patching_reports_too() -> None:
 
 
 @pytest.mark.parametrize("task", ["binary", "multiclass", "multilabel"])
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(task: str) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

@@ -266,6 +266,7 @@ def test_float64_scores_give_float32_where_stock_promotes(syncfree: Any, name: s
 
 
 @pytest.mark.parametrize("name", ["AUROC", "AveragePrecision"])
+@pytest.mark.compile
 def test_unbinned_compute_traces_without_a_graph_break(syncfree: Any, name: str) -> None:
     """The device path's compute is tensor work: ``torch.compile(fullgraph=True)`` traces it (warnings: counters)."""
     import importlib

@@ -162,6 +162,7 @@ def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: An
 @pytest.mark.parametrize(
     "config", CONFIGS[:: len(CONFIGS) // 4], ids=[_label(*c) for c in CONFIGS[:: len(CONFIGS) // 4]]
 )
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(config: tuple) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

@@ -252,6 +252,7 @@ def test_a_state_of_ignored_entries_only_gives_a_value_where_stock_fails() -> No
 
 
 @pytest.mark.parametrize("name", ["PrecisionAtFixedRecall", "SpecificityAtSensitivity"])
+@pytest.mark.compile
 def test_unbinned_compute_traces_without_a_graph_break(syncfree: Any, name: str) -> None:
     """The device path's compute is tensor work: ``torch.compile(fullgraph=True)`` traces it (a lexicographic maximum;
     a masked ``argmax``)."""

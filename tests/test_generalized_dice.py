@@ -22,7 +22,7 @@ from torchmetrics.segmentation import GeneralizedDiceScore
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
-from tests._probing import assert_sync_free_life, graph_breaks
+from tests._probing import assert_sync_free_life, graph_breaks, stock_counts_of_torch_2_13
 from torchmetrics_syncfree import SyncProbe, _deferred
 
 C = 5
@@ -141,6 +141,7 @@ def test_update_forward_and_compute_are_sync_free(syncfree: Any, config: tuple[A
     assert_sync_free_life(metric, data)
 
 
+@stock_counts_of_torch_2_13
 @pytest.mark.parametrize("inputs", ["onehot", "index"])
 def test_stock_syncs_are_seen(inputs: str) -> None:
     """Stock's boolean masks (and, for index inputs, ``one_hot``'s reads on CPU) in every update."""
@@ -211,6 +212,7 @@ def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: An
 
 
 @pytest.mark.parametrize("config", SYNC_CONFIGS, ids=[_label(c) for c in SYNC_CONFIGS])
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(config: tuple[Any, ...]) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

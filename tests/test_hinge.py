@@ -169,6 +169,7 @@ def test_target_outside_the_classes_without_validation_is_left_out_on_the_device
 
 
 @pytest.mark.parametrize(("task", "extra"), CONFIGS, ids=[_label(*c, None) for c in CONFIGS])
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(task: str, extra: dict[str, Any]) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

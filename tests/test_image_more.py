@@ -31,7 +31,7 @@ from torchmetrics.image import (
 import torchmetrics_syncfree
 from tests import _series_tree
 from tests._classification_cases import PATHS, assert_identical, parity
-from tests._probing import assert_sync_free_life, syncs_are_errors
+from tests._probing import assert_sync_free_life, stock_counts_of_torch_2_13, syncs_are_errors
 from tests.conftest import cuda
 from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree.image import made_on_device
@@ -159,6 +159,7 @@ def test_update_forward_and_compute_are_sync_free(syncfree: Any, delay: int | No
             assert_sync_free_life(make(), data)
 
 
+@stock_counts_of_torch_2_13
 @pytest.mark.parametrize("name", ["ms-ssim", "ssim", "psnrb", "vif", "rase", "scc"])
 def test_stock_syncs_are_seen(name: str) -> None:
     """Stock copies to the device (MS-SSIM, PSNRB, VIF; RASE in compute), reads the range (SSIM without
@@ -235,6 +236,7 @@ def test_filter_made_on_device() -> None:
 
 
 @pytest.mark.parametrize("name", ["psnrb", "scc", "ssim"])
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(name: str) -> None:
     """``fullgraph=True``: a graph break (a host read, a data-dependent shape, SSIM's builtin ``pow`` of a tensor range)
     fails the compile."""

@@ -16,7 +16,7 @@ import torchmetrics
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
-from tests._probing import assert_sync_free_life, graph_breaks
+from tests._probing import assert_sync_free_life, graph_breaks, stock_counts_of_torch_2_13
 from tests._regression_cases import batches
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.regression.spearman import rank_data
@@ -97,6 +97,7 @@ def test_update_forward_and_compute_are_sync_free(syncfree: Any, name: str) -> N
     assert_sync_free_life(metric, data)
 
 
+@stock_counts_of_torch_2_13
 @pytest.mark.filterwarnings("ignore:Metric `SpearmanCorrcoef` will save")
 @pytest.mark.parametrize("name", ["kl", "kl-none", "spearman", "spearman-3"])
 def test_stock_syncs_are_seen(name: str) -> None:
@@ -165,6 +166,7 @@ def test_copies_and_merges_compute_as_stock(syncfree: Any) -> None:
     torch.testing.assert_close(value, expected, rtol=0, atol=0)
 
 
+@pytest.mark.compile
 def test_kl_update_and_spearman_compute_trace_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched(), warnings.catch_warnings():

@@ -187,6 +187,7 @@ def test_copies_keep_the_bounds(syncfree: Any, duplicate: Any) -> None:
             assert_identical(_flat(twin(preds, target)), _flat(metric(preds, target)))
 
 
+@pytest.mark.compile
 def test_compute_traces_without_a_graph_break() -> None:
     """The patched compute (the comparison and both bounds) traces whole; stock's breaks on ``if tensor``."""
     torch._dynamo.reset()

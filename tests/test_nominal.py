@@ -231,6 +231,7 @@ def test_deterministic_mode_counts_with_stocks_mesh(cls: type) -> None:
     torch.testing.assert_close(patched.confmat, stock.confmat)
 
 
+@pytest.mark.compile
 def test_update_traces_with_fullgraph(syncfree: Any) -> None:
     """The device path's update is tensor work: ``torch.compile(fullgraph=True)`` traces it (NaN drop included)."""
     import torch._dynamo

@@ -126,6 +126,7 @@ def test_several_ranks_states_aggregate_as_stock() -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+@pytest.mark.compile
 def test_compute_traces_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

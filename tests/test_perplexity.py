@@ -127,6 +127,7 @@ def test_negative_targets_wrap_as_in_stock(path: str) -> None:
 
 
 @pytest.mark.parametrize("ignore_index", IGNORE)
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(ignore_index: int | None) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

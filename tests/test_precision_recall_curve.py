@@ -333,6 +333,7 @@ def test_labels_that_are_no_class_without_validation_are_left_out(path: str) -> 
 
 
 @pytest.mark.parametrize("task", list(IGNORE))
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(task: str) -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

@@ -113,6 +113,7 @@ def test_invalid_reduction_raises_stocks_error(path: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["range", "tuple", "dim", "dim-sum"])
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(name: str) -> None:
     """``fullgraph=True``: a graph break fails the compile (``dim`` tuples once did, a generator in the count)."""
     torch._dynamo.reset()

@@ -169,6 +169,7 @@ def test_adjusted_warning_of_compute_is_reported_at_the_next_eager_point(syncfre
     assert pending_checks(metric) == 0
 
 
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break() -> None:
     torch._dynamo.reset()
     preds, target = batches(seed=2, outputs=2)[0]

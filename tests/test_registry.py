@@ -220,7 +220,6 @@ DYNAMO_SETTING = "torch._dynamo.config.allow_unspec_int_on_nn_module"
 
 def test_an_optional_setting_the_installed_torch_lacks_is_left_out(monkeypatch):
     """A torch without the setting (before 2.6) is patched without it; every metric patch still goes in."""
-    import torch._dynamo.config
 
     spec = _registry._spec(DYNAMO_SETTING)
     assert spec.optional

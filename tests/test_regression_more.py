@@ -241,6 +241,7 @@ def test_copies_compute_as_stock(syncfree: Any) -> None:
             twin.compute()
 
 
+@pytest.mark.compile
 def test_updates_and_kendall_compute_trace_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched(), warnings.catch_warnings():

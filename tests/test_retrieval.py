@@ -317,6 +317,7 @@ def test_tied_scores_across_a_cut_off_rank_in_the_order_of_arrival(syncfree: Any
 
 
 @pytest.mark.parametrize("name", list(METRICS))
+@pytest.mark.compile
 def test_update_traces_without_a_graph_break(name: str) -> None:
     torch._dynamo.reset()
     cls = METRICS[name][0]
@@ -461,6 +462,7 @@ def test_curve_states_survive_deepcopy_pickle_and_merge_state(syncfree: Any) -> 
     assert metric.target == []
 
 
+@pytest.mark.compile
 def test_curve_update_traces_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with torchmetrics_syncfree.patched():

@@ -241,6 +241,7 @@ def test_non_square_images_are_the_true_distance(syncfree: Any) -> None:
     assert not torch.equal(stock_metric.score, metric.score)
 
 
+@pytest.mark.compile
 def test_update_traces_with_fullgraph(syncfree: Any) -> None:
     metric = _make(CONFIGS[1])
     preds, target = _batches("index", seed=2)[0]
@@ -503,6 +504,7 @@ def test_panoptic_invalid_input_raises_stocks_error_at_once(path: str) -> None:
             _panoptic_metric("PanopticQuality").update(bad_preds, bad_target)
 
 
+@pytest.mark.compile
 def test_panoptic_update_traces_with_fullgraph(syncfree: Any) -> None:
     metric, reference = _panoptic_metric("ModifiedPanopticQuality"), _panoptic_metric("ModifiedPanopticQuality")
     preds, target = _panoptic_batches(10)[0]

@@ -136,6 +136,7 @@ def test_bootstrapper_launches_no_more_than_stock() -> None:
     assert ours <= stock, (ours, stock)
 
 
+@pytest.mark.compile
 def test_bootstrapper_update_traces_without_a_graph_break() -> None:
     torch._dynamo.reset()
     with _device_path(0):

@@ -33,3 +33,15 @@ else:  # torch 2.0
 def is_compiling() -> bool:
     """Whether ``torch.compile`` (dynamo, export) is tracing now; one Python call on recent torch."""
     return is_dynamo_compiling() or compiling_flags._is_compiling_flag
+
+
+def _foreach_add_records_grad() -> bool:
+    """Whether an in-place ``torch._foreach_add_`` records autograd: torch 2.0's does not (its states lose the grad)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        states = [torch.zeros(())]
+        torch._foreach_add_(states, [torch.ones((), requires_grad=True)])
+    return states[0].requires_grad
+
+
+#: where False, states that autograd records are added one ``add_`` each
+FOREACH_ADD_RECORDS_GRAD = _foreach_add_records_grad()

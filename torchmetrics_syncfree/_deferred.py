@@ -535,11 +535,7 @@ def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
 
 def _quiet_time(metric: Any) -> bool:
     """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
-    return (
-        inside_forward(metric)
-        or is_compiling()
-        or STATE not in metric.__dict__.get("_defaults", (STATE,))
-    )
+    return inside_forward(metric) or is_compiling() or STATE not in metric.__dict__.get("_defaults", (STATE,))
 
 
 def sweep(metric: Any) -> None:

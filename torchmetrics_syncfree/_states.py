@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# the same test as ``_deferred.reads_are_free``'s: folded to True while dynamo traces
-from torchmetrics_syncfree._compat import is_dynamo_compiling as _is_dynamo_compiling
+from torchmetrics_syncfree._compat import FOREACH_ADD_RECORDS_GRAD
+from torchmetrics_syncfree._compat import is_dynamo_compiling as _is_dynamo_compiling  # as ``reads_are_free``
 
 
 def read_only(tensor: Tensor) -> bool:
@@ -62,9 +62,10 @@ def add_to_states(metric: Any, names: Sequence[str], values: Sequence[Tensor] | 
         for name, state, value in zip(names, states, values):
             setattr(metric, name, state + value)
         return
-    if block:
+    foreach = FOREACH_ADD_RECORDS_GRAD or not torch.is_grad_enabled()
+    if block and foreach:
         torch._foreach_add_(states, values)
-    elif len(states) > 1 and all(isinstance(value, Tensor) for value in values):
+    elif foreach and len(states) > 1 and all(isinstance(value, Tensor) for value in values):
         # one op for all of them: on CUDA one multi-tensor kernel instead of one launch per state, where the kernel's
         # fast route takes them: the values in the states' shapes (a 0-dim count into a ``(1,)`` state: a view, no
         # launch; other shapes would take the slow route, one kernel per state)
