@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 _compiler: Any = getattr(torch, "compiler", None)  # torch 2.1+
 
@@ -45,3 +46,36 @@ def _foreach_add_records_grad() -> bool:
 
 #: where False, states that autograd records are added one ``add_`` each
 FOREACH_ADD_RECORDS_GRAD = _foreach_add_records_grad()
+
+
+def _has_cpu_half_activations() -> bool:
+    """Whether torch has half-precision sigmoid and softmax on the CPU (torch 2.0 has neither)."""
+    try:
+        torch.zeros(1, 1, dtype=torch.half).sigmoid().softmax(dim=1)
+    except RuntimeError:
+        return False
+    return True
+
+
+_CPU_HALF_ACTIVATIONS = _has_cpu_half_activations()
+
+
+def activated(x: Tensor, normalization: str) -> Tensor:
+    """``x.sigmoid()`` (``"sigmoid"``) or ``x.softmax(dim=1)``, as the fixed-shape updates apply them to every batch.
+
+    Stock applies them only to batches with values outside [0, 1]; on torch without half-precision CPU kernels they
+    run in float32 there and round back (the precision the accelerators' kernels compute half inputs in).
+    """
+    if x.dtype is torch.half and not _CPU_HALF_ACTIVATIONS and x.is_cpu:
+        return activated(x.float(), normalization).half()
+    return x.sigmoid() if normalization == "sigmoid" else x.softmax(dim=1)
+
+
+#: whether ``torch._foreach_mul`` takes a 0-dim tensor factor without reading it (its ``Tensor`` overload; torch 2.0
+#: converts the tensor to a Python number, a host read)
+FOREACH_MUL_BY_TENSOR = "Tensor" in torch.ops.aten._foreach_mul.overloads()
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype`` (``torch.dtype.itemsize`` is torch 2.1+)."""
+    return dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()

@@ -48,6 +48,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
+from torchmetrics_syncfree._compat import itemsize
 from torchmetrics_syncfree._registry import replaces, stock
 
 #: Environment variable selecting the fallback mode when :func:`set_fallback_mode` was not called.
@@ -385,7 +386,7 @@ def _layout(dtypes: list[torch.dtype], nbytes: list[int]) -> tuple[list[int], in
     """Byte offsets of pieces packed widest dtype first (each offset is then aligned to its dtype), and the row size."""
     offsets = [0] * len(dtypes)
     offset = 0
-    for index in sorted(range(len(dtypes)), key=lambda i: -dtypes[i].itemsize):
+    for index in sorted(range(len(dtypes)), key=lambda i: -itemsize(dtypes[i])):
         offsets[index] = offset
         offset += nbytes[index]
     return offsets, offset + (-offset % _ALIGN)
@@ -453,7 +454,7 @@ def _gather_variable(variable: list[_State], described: list[Any], group: Any, d
     for r in range(world):
         dtypes = [_DTYPES[described[r][i][0]] for i in range(len(variable))]
         shapes = [described[r][i][2 : 2 + described[r][i][1]] for i in range(len(variable))]
-        nbytes = [0 if i in too_deep else _numel(shapes[i]) * dtypes[i].itemsize for i in range(len(variable))]
+        nbytes = [0 if i in too_deep else _numel(shapes[i]) * itemsize(dtypes[i]) for i in range(len(variable))]
         offsets, size = _layout(dtypes, nbytes)
         layouts.append((dtypes, shapes, nbytes, offsets, size))
     longest = max(layout[4] for layout in layouts)

@@ -57,6 +57,7 @@ from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._compat import activated
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_state_if, add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
@@ -165,7 +166,7 @@ def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Te
         return normalize_logits_if_needed(preds, normalization)
     free = _deferred.reads_are_free(preds)
     outside = ~((preds >= 0) & (preds <= 1)) if free else (preds < 0) | (preds > 1)
-    normalized = preds.sigmoid() if normalization == "sigmoid" else preds.softmax(dim=1)
+    normalized = activated(preds, normalization)
     return torch.where((outside & kept).any(), normalized, preds)
 
 

@@ -70,6 +70,7 @@ from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._compat import activated
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
 from torchmetrics_syncfree.classification.confusion_matrix import _add_counts, _cells, _probabilities
@@ -539,7 +540,7 @@ def _normalized(preds: Tensor, normalization: str | None, ignored: Tensor | None
     if _deferred.reads_are_free(preds):
         return _probabilities(preds, ~ignored, normalization)  # stock's CPU test (NaN is outside [0, 1] there)
     outside = ((preds < 0) | (preds > 1)).gt_(ignored)  # stock's accelerator test on the kept entries
-    normalized = preds.sigmoid() if normalization == "sigmoid" else preds.softmax(dim=1)
+    normalized = activated(preds, normalization)
     return torch.where(outside.any(), normalized, preds)
 
 

@@ -90,6 +90,7 @@ from torchmetrics.utilities.data import _bincount, select_topk
 from torchmetrics.utilities.imports import _XLA_AVAILABLE
 
 from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree._compat import FOREACH_MUL_BY_TENSOR, activated
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states
 
@@ -165,7 +166,7 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
     if _deferred.reads_are_free(tensor):
         return stock(_NORMALIZE_LOGITS)(tensor, normalization)
     outside = ((tensor < 0) | (tensor > 1)).any()
-    normalized = torch.sigmoid(tensor) if normalization == "sigmoid" else torch.softmax(tensor, dim=1)
+    normalized = activated(tensor, normalization)
     return torch.where(outside, normalized, tensor)
 
 
@@ -808,7 +809,7 @@ def _without_invalid(invalid: Tensor | None, *counts: Tensor) -> tuple[Tensor, .
     """
     if invalid is None:
         return counts
-    if len(counts) > 2 and not counts[0].is_floating_point():
+    if len(counts) > 2 and not counts[0].is_floating_point() and FOREACH_MUL_BY_TENSOR:
         return tuple(torch._foreach_mul(counts, invalid.logical_not()))
     return tuple(count.masked_fill(invalid, 0) for count in counts)
 
