@@ -400,7 +400,7 @@ def _check(results: list[dict[str, Any]]) -> None:
 
 @pytest.mark.skipif(
     torch.__version__ < "2.1",
-    reason=f"torch {torch.__version__}: gloo gathers no bool tensors, so stock cannot sync the bool state compared here",
+    reason=f"torch {torch.__version__}: gloo gathers no bool tensors: stock cannot sync the bool state compared here",
 )
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_one_collective(tmp_path: Path, world_size: int) -> None:

@@ -16,12 +16,12 @@ import torchmetrics
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
-from tests._probing import assert_sync_free_life, graph_breaks, stock_counts_of_torch_2_13
+from tests._probing import CPU_HALF_MATH, assert_sync_free_life, graph_breaks, stock_counts_of_torch_2_13
 from tests._regression_cases import batches
 from torchmetrics_syncfree import SyncProbe
 from torchmetrics_syncfree.regression.spearman import rank_data
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "half": torch.half}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, **({"half": torch.half} if CPU_HALF_MATH else {})}
 REDUCTIONS = ("mean", "sum", "none", None)
 
 

@@ -18,7 +18,7 @@ from torchmetrics.image import PeakSignalNoiseRatio
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
-from tests._probing import assert_sync_free_life
+from tests._probing import CPU_HALF_MATH, assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe
 
 #: 1.6 also takes ``data_range=None`` (the range of the targets seen, kept in min/max states)
@@ -33,7 +33,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "dim-neg": {"data_range": 1.0, "dim": [-1, -2]},
     **({"from-data": {"data_range": None}} if _RANGE_FROM_DATA else {}),
 }
-DTYPES = (torch.float32, torch.float64, torch.half, torch.int64)
+DTYPES = (torch.float32, torch.float64, *((torch.half,) if CPU_HALF_MATH else ()), torch.int64)
 
 
 def _batches(dtype: torch.dtype, seed: int, n: int = 4) -> list[tuple[Tensor, Tensor]]:

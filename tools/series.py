@@ -963,6 +963,8 @@ def check_series(
             paths = upstream_tests_for(touched, heavy=index == 0)
             if heavy == "subset":
                 paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
+            elif heavy == "none":
+                paths = [p for p in paths if p not in HEAVY_TESTS]
             after_report, before_report = Path(tmp) / f"{label}-after.xml", Path(tmp) / f"{label}-before.xml"
             after, seconds = _pytest(patched, paths, after_report, workers)
             before: Outcomes | None = None
@@ -1058,9 +1060,10 @@ def main(argv: list[str] | None = None) -> int:
     p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
     p_test.add_argument(
         "--heavy",
-        choices=("all", "subset"),
+        choices=("all", "subset", "none"),
         default="all",
-        help="the heavy classification suites: all of them, or the stat-scores and accuracy files (CI)",
+        help="the heavy classification suites: all of them, the stat-scores and accuracy files (CI), or none (the"
+        " other torch releases' CI environments)",
     )
 
     args = parser.parse_args(argv)

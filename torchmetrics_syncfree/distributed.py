@@ -36,6 +36,7 @@ Patched targets (identical in torchmetrics 1.6.1 to 1.9.x apart from upstream's 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -149,11 +150,16 @@ def _forget_stale_groups() -> None:
         _cache_world = _world_group()
 
 
+#: ``new_group(..., use_local_synchronization=True)`` (torch 2.1+): a group that only its members create
+_LOCAL_SYNCHRONIZATION = "use_local_synchronization" in inspect.signature(dist.new_group).parameters
+
+
 def _new_gloo_group(parent: Any) -> Any:
     """Create a gloo group over ``parent``'s ranks, with ``parent``'s timeout.
 
     A WORLD fallback is created by every rank (a plain ``new_group``). A subgroup's fallback is created by its
-    members only (``use_local_synchronization``): the other ranks never sync through the subgroup.
+    members only (``use_local_synchronization``): the other ranks never sync through the subgroup. Torch 2.0 cannot
+    create a group that way: a subgroup without a CPU backend keeps it, and its CPU states fail as stock's do.
 
     """
     kwargs: dict[str, Any] = {}
@@ -162,6 +168,8 @@ def _new_gloo_group(parent: Any) -> Any:
         kwargs["timeout"] = timeout
     if parent is _world_group():
         return dist.new_group(backend="gloo", **kwargs)
+    if not _LOCAL_SYNCHRONIZATION:  # torch 2.0: only a collective of the whole world could create it; stock's failure
+        return parent
     return dist.new_group(
         dist.get_process_group_ranks(parent), backend="gloo", use_local_synchronization=True, **kwargs
     )

@@ -728,6 +728,18 @@ def _keeps_ignored_entries(target: Tensor) -> bool:
 IGNORED_ONE_HOT = -1
 
 
+def _one_hot_dtype_error() -> str | None:
+    """What ``one_hot`` says of targets that are not int64, in this torch's words (``None``: it takes them)."""
+    try:
+        torch.nn.functional.one_hot(torch.zeros(1, dtype=torch.int32), 1)
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+_ONE_HOT_DTYPE_ERROR = _one_hot_dtype_error()
+
+
 def _micro_list_state(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
 ) -> tuple[Tensor, Tensor]:
@@ -739,8 +751,8 @@ def _micro_list_state(
     (:func:`_ignored_entries_dropped`). With ``validate_args=False`` a target of no class is a negative of every class,
     as in the per-class curves (a documented deviation: stock's ``one_hot`` fails).
     """
-    if target.dtype != torch.long:  # stock's ``one_hot`` raises this first (a dtype check: no read)
-        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if target.dtype != torch.long and _ONE_HOT_DTYPE_ERROR:  # stock's ``one_hot`` raises this first (no read)
+        raise RuntimeError(_ONE_HOT_DTYPE_ERROR)
     preds, target = preds.transpose(0, 1).reshape(num_classes, -1).T, target.flatten()
     one_hot = (target.unsqueeze(1) == torch.arange(num_classes, device=target.device)).long()
     kept = None if ignore_index is None else (target != ignore_index).unsqueeze(1)
