@@ -33,6 +33,7 @@ Documented deviation: where one image range is NaN (images holding NaN), ``torch
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics.functional.image import ssim as _stock_ssim
 from torchmetrics.functional.image.ssim import _get_normalized_sim_and_cs, _ssim_check_inputs
 from torchmetrics.functional.image.utils import _gaussian_kernel_2d, _gaussian_kernel_3d, _reflection_pad_3d
 
@@ -49,6 +51,11 @@ from torchmetrics_syncfree.image import made_on_device
 
 _FUNCTIONAL = "torchmetrics.functional.image.ssim"
 _CLASS = "torchmetrics.image.ssim.MultiScaleStructuralSimilarityIndexMeasure"
+
+#: TorchMetrics after 1.9.0 reads the default range of the images on the host (``.item()``, a sync), so stock's ``c1``
+#: and ``c2`` are Python floats, squared in double precision; 1.9.0 and before keep the range a float32 tensor. Read
+#: from stock's source before anything is patched (the area modules are imported first).
+_STOCK_READS_THE_RANGE = ".item()" in inspect.getsource(_stock_ssim._ssim_update)
 
 
 def _dtype_of(values: Sequence[Any]) -> torch.dtype | None:
@@ -118,6 +125,8 @@ def _ssim_update(
 
     if data_range is None:
         data_range = torch.maximum(preds.max() - preds.min(), target.max() - target.min())
+        if _STOCK_READS_THE_RANGE:  # stock's constants are then Python floats: double precision, as here
+            data_range = data_range.double()
     elif isinstance(data_range, tuple):
         preds = torch.clamp(preds, min=data_range[0], max=data_range[1])
         target = torch.clamp(target, min=data_range[0], max=data_range[1])
