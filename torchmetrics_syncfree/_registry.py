@@ -294,9 +294,6 @@ def _check_metric_wrapper(name: str) -> None:
         raise PatchTargetError(f"torchmetrics.Metric._wrap_{name} no longer wraps a closure over `{name}`")
 
 
-_instance_dict = object.__getattribute__
-
-
 class _MetricMethod:
     """Class attribute standing in for a metric class's ``compute`` while the patch is active (a non-data descriptor).
 
@@ -321,9 +318,7 @@ class _MetricMethod:
     def __get__(self, metric: Any, owner: type | None = None) -> Any:
         if metric is None:
             return self.spec.replacement
-        # the instance dict through ``object``'s own lookup: dynamo before torch 2.13 recurses into this descriptor when
-        # it traces ``metric.__dict__`` of a module
-        wrapper = _instance_dict(metric, "__dict__").get(self.name)
+        wrapper = metric.__dict__.get(self.name)
         try:  # attribute reads, not ``getattr`` with defaults: this runs at every ``metric.update`` of every metric
             if wrapper.__wrapped__.__func__ is self.dispatcher:
                 return wrapper  # a metric created (or already adopted) while patched
