@@ -390,10 +390,14 @@ def install(tree: Path) -> str:
     problems, targets = drift(stock_src, patched_src, series_specs())
     if problems:
         raise pytest.UsageError("the patch series and the monkeypatch layer drifted apart:\n  " + "\n  ".join(problems))
-    added, _ = _changed_files(stock_src, patched_src)
+    added, changed = _changed_files(stock_src, patched_src)
     swapped = []
+    # changed modules without targets only add names (``utilities/imports.py``'s compatibility shim): loaded too, so
+    # that those names reach the unpatched modules the series' code imports them from
+    helpers = [_module_name(patched_src, file) for file in changed if file.name != "__init__.py"]
+    helpers = [name for name in helpers if name not in targets]
     # new modules of the series under their own names, with the changed ones
-    loaded = _load_changed(patched_src, list(targets), {_module_name(patched_src, file): file for file in added})
+    loaded = _load_changed(patched_src, [*targets, *helpers], {_module_name(patched_src, file): file for file in added})
     _link_changed_modules(loaded)
     for name, specs in targets.items():
         module = loaded[name]
