@@ -14,11 +14,12 @@ stock                                                sync-free
 (1.6-1.8, a host-to-device copy)
 ``_adjust_weights_safe_divide``:                     ``masked_fill`` (same values, no data-dependent shape)
 ``weights[mask] = 0.0``
-multiclass macro/weighted/none ``update``:           counts ``target * C + preds`` with ``scatter_add_`` into a
-``torch.bincount`` (reads the input's max on CUDA)   fixed ``C**2 + 1`` buffer whose last bin takes ignored and
-                                                     out-of-range entries and is dropped; in deterministic mode,
-                                                     on MPS and with XLA upstream's ``_bincount`` mesh path
-                                                     (fixed shapes as well) is used, as upstream does
+multiclass macro/weighted/none ``update``:           O(batch + classes): two fixed-shape ``put_`` counts into
+``torch.bincount`` of ``target * C + preds`` into    ``3 * (C + 1)`` cells, hits and misses per target class and
+``C**2`` cells (reads the input's max on CUDA;       predictions per class, with a sink for labels that are no
+80 GB of counts at 100000 classes)                   class; tp/fp/tn/fn by difference (``_class_counts``). On
+                                                     MPS and with XLA upstream's ``_bincount`` mesh path (fixed
+                                                     shapes as well) is used, as upstream does
 ``ignore_index``: ``preds[target != ii]`` (multi-    ignored entries stay in place: masked out of the sums
 class), ``target[idx] = -1`` (binary/multilabel),    (micro), routed to the dropped bin (macro/weighted/none),
 ``target_oh[mask, :] = -1`` (top_k > 1/samplewise)   ``masked_fill`` (the others)
@@ -38,9 +39,9 @@ stock ``_update_state`` (1.7+): ``self.tp + tp``     in place (``add_``): a capt
 
 On CPU nothing needs avoiding: reading a value is free (:func:`torchmetrics_syncfree._deferred.reads_are_free`, false
 while a CPU ``SyncProbe`` simulates a GPU). The CPU path keeps the same results and checks at stock's host time or
-less: multiclass labels are checked with one ``aminmax`` read at once (with score ``preds`` and no ``ignore_index``
-the confusion ``bincount`` itself rejects a bad target, see ``_counting_checks_target``); labels checked that way
-need no validity mask, and the counting is ``torch.bincount`` with fewer ops than stock's.
+less: multiclass labels are checked with one ``aminmax`` read at once (with score ``preds`` the counting's sink
+counts the targets that are no class, read once at the update's end, before the state changes); labels checked that
+way need no validity mask.
 
 The patched ``*StatScores.update`` passes the metric to the validation functions (``metric=``, as the upstream series
 does), which file the check with it and return the device flag; the update zeroes the batch's counts when it is set
@@ -77,7 +78,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassHingeLoss, MulticlassStatScores
+from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassHingeLoss
 from torchmetrics.functional.classification.stat_scores import (
     _binary_stat_scores_update,
     _multiclass_stat_scores_format,
@@ -290,10 +291,11 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
 def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: int | None) -> bool:
     """Whether the counting of the update being validated checks ``target`` itself, at no cost.
 
-    On CPU, for the confusion-matrix path (``top_k=1``, global, not micro) without ``ignore_index``, the counting
-    runs ``torch.bincount(target * C + preds)`` with class-valued ``preds``: a negative target makes it fail and a
-    target ``>= C`` makes it longer than ``C**2`` (see :func:`_checked_bincount`), so validation leaves ``target`` to
-    it. Upstream's mesh counting (deterministic mode, XLA) would drop such entries silently: not there.
+    On CPU, ``MulticlassConfusionMatrix`` without ``ignore_index`` counts ``torch.bincount(target * C + preds)`` with
+    class-valued ``preds``: a negative target makes it fail and a target ``>= C`` makes it longer than ``C**2`` (see
+    :func:`_checked_bincount`), so validation leaves ``target`` to it. Upstream's mesh counting (deterministic mode,
+    XLA) would drop such entries silently: not there. (The stat scores of scores count targets that are no class in
+    their counting's sink and skip this validation altogether.)
 
     ``MulticlassHingeLoss`` counts on CPU with stock's one-hot of the targets that are not ignored: a bounds-checked
     ``scatter_`` that fails on any target outside the classes, which its update turns into the validation's error
@@ -304,11 +306,7 @@ def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: in
         return True
     if ignore_index is not None or multidim_average != "global" or _mesh_counting():
         return False
-    # only these count with the checked bincount; a confusion-matrix metric always does (it has no top_k, no average:
-    # asking for them would cost a failed nn.Module attribute lookup, an exception, on every update)
-    if isinstance(metric, MulticlassConfusionMatrix):
-        return True
-    return isinstance(metric, MulticlassStatScores) and metric.top_k == 1 and metric.average != "micro"
+    return isinstance(metric, MulticlassConfusionMatrix)
 
 
 def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
@@ -654,34 +652,74 @@ def _lean_confusion(
     return rows.as_strided((num_classes, num_classes), (num_classes + 1, 1)), keep  # the first C rows and columns
 
 
-def _lean_stats(
-    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, metric: Any | None
-) -> Tensor:
-    """tp/fp/tn/fn of scores ``preds`` on the device path as one ``(4, C)`` block, an invalid batch left out.
+def _class_counts(
+    labels: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, checked: bool, from_scores: bool
+) -> tuple[Tensor, Tensor]:
+    """tp/fp/tn/fn per class as one ``(4, C)`` block, counted in O(entries + classes), and the count of bad targets.
 
-    From :func:`_lean_rows`, whose extra row and column give every per-class vector one more element, so that none
-    needs slicing: the sink's own "class" comes out of the same ops (its ``fn`` is the sink's count) and is dropped
-    with the block's last column. ``tn`` is what the other three leave of the entries counted. With ``metric``, the
-    block is multiplied by ``keep`` (:func:`_lean_confusion`) in one op; its rows are ``C`` contiguous counts each,
-    which CUDA's multi-tensor add takes on its fast route.
+    Two fixed-shape ``put_`` counts into one buffer of ``3 * (C + 1)`` cells: ``2 * target + hit`` (rows: target class,
+    columns: miss, hit; row ``C`` is the sink of targets that are no class, clamped into it or counted back from the
+    end as Python does) and the predicted labels (cell ``C``: the sink of labels that predict no class). Then
+    ``tp`` is the hits, ``fn`` the misses, ``fp`` the predictions that missed, and ``tn`` what the other three leave
+    of the entries counted. Nothing is ``C x C``: a ``(C, C)`` confusion matrix of 100000 classes is 80 GB.
+
+    Args:
+        labels: predicted class labels.
+        target: target labels.
+        num_classes: the classes ``C``.
+        ignore_index: entries whose target it is weigh 0 (they are in no count).
+        checked: the batch is valid, or is left out whole when it is not (validated): only ignored entries weigh 0.
+            Unchecked (``validate_args=False``), an entry whose target or label is no class is in no count (a label
+            equal to an ``ignore_index`` outside the classes predicts no class: a miss of its target, no class's fp).
+        from_scores: ``labels`` is an argmax over the classes, a class each.
+
+    Returns:
+        The ``(4, C)`` block (rows tp, fp, tn, fn) and, 0-dim, the number of entries whose target is no class (with
+        ``from_scores``, where no label can equal such a target; of the entries that weigh 1).
+
     """
-    rows = _lean_rows(preds, target, num_classes, ignore_index)
-    actual, tp = rows.sum(1), rows.diagonal()  # per target class (the sink's count last); the sink's tp is 0
-    if metric is None:  # not validated: an entry whose target is no class is in no count (see the module docstring)
-        keep, predicted, counted = None, rows[:num_classes].sum(0), actual[:num_classes].sum()
+    labels, target = _flat_long(labels), _flat_long(target)
+    width = num_classes + 1
+    every_entry_counts = checked and ignore_index is None
+    if every_entry_counts:
+        weights = _unit_weights(target)
+    elif checked:
+        weights = (target != ignore_index).long()
     else:
-        keep = _checked_sink(metric, actual[num_classes], integer=True)
-        # the sink row holds ignored entries (weight 0), or entries of a batch that ``keep`` leaves out
-        predicted = rows.sum(0)
-        # with nothing ignored every entry is counted, or its batch is left out anyway
-        counted = target.numel() if ignore_index is None else actual.sum()
-    # separate ops, not one ``_foreach_sub``: ``tp`` is a strided view (the diagonal), which takes CUDA's multi-tensor
-    # kernels off their fast route (one kernel per tensor, and the foreach overhead on top)
-    fp, fn = predicted - tp, actual - tp
-    stats = torch.stack((tp, fp, torch.rsub(predicted, counted) - fn, fn))
-    if keep is not None:
-        stats.mul_(keep)
-    return stats[:, :num_classes]
+        weights = _counted_entries(labels, target, num_classes, ignore_index, from_scores).long()
+    cells = torch.zeros(3 * width, dtype=torch.long, device=target.device)
+    pairs = labels.eq(target).add(target.clamp(-1, num_classes), alpha=2)  # in [-2, 2 * C + 2)
+    cells.narrow(0, 0, 2 * width).put_(pairs, weights, accumulate=True)
+    predicted_labels = labels if from_scores else labels.clamp(-1, num_classes)
+    cells.narrow(0, 2 * width, width).put_(predicted_labels, weights, accumulate=True)
+    # ``as_strided`` views of the buffer: a third of the host time of slicing it row by row (this runs every update)
+    misses = cells.as_strided((num_classes,), (2,), 0)
+    hits = cells.as_strided((num_classes,), (2,), 1)
+    predicted = cells.as_strided((num_classes,), (1,), 2 * width)
+    # the entries counted: every one, or the misses and hits of the classes (ignored entries and sinks left out)
+    counted = target.numel() if every_entry_counts else cells.narrow(0, 0, 2 * num_classes).sum()
+    stats = torch.stack((hits, predicted - hits, torch.rsub(predicted, counted) - misses, misses))
+    return stats, cells.as_strided((), (), 2 * num_classes)
+
+
+def _counted_entries(
+    labels: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, from_scores: bool
+) -> Tensor:
+    """The int64 entries of an unvalidated update that count: target a class (not ignored), label a class or none.
+
+    A label predicts no class when it equals an ``ignore_index`` outside the classes; any other label outside them
+    leaves its entry out, as does a target outside them.
+    """
+    counted = target.clamp(0, num_classes - 1) == target
+    ignore_is_a_class = ignore_index is not None and 0 <= ignore_index < num_classes
+    if ignore_is_a_class:
+        counted &= target != ignore_index
+    if not from_scores:
+        label_counts = labels.clamp(0, num_classes - 1) == labels
+        if ignore_index is not None and not ignore_is_a_class:
+            label_counts |= labels == ignore_index
+        counted &= label_counts
+    return counted
 
 
 def _confusion_counts(
@@ -789,7 +827,11 @@ def _multiclass_stat_scores_update(
     if multidim_average != "samplewise" and top_k == 1:
         if average == "micro":
             return _micro_counts(preds, target, num_classes, ignore_index)
-        return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
+        if _XLA or preds.is_mps:  # no ``put_`` there: upstream's fixed-shape mesh counting
+            return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
+        # validated: the labels were read (CPU) or the batch is left out whole when they are not all classes
+        stats, _ = _class_counts(preds, target, num_classes, ignore_index, checked=validated, from_scores=False)
+        return stats.unbind()
     if labels_checked and (ignore_index is None or 0 <= ignore_index < num_classes):
         return stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
             preds, target, num_classes, top_k, average, multidim_average, ignore_index
@@ -848,29 +890,55 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
 
 @replaces(_MULTICLASS_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
+    num_classes = self.num_classes
     if (
-        self.top_k == 1
-        and self.average != "micro"
-        and self.num_classes is not None
-        and _lean_counting(preds, target, self.multidim_average)
+        self.top_k != 1
+        or self.average == "micro"
+        or self.multidim_average != "global"
+        or num_classes is None
+        or _XLA
+        or preds.is_mps
     ):
-        checked = self if self.validate_args else None
-        if checked is not None:
-            _multiclass_shape_checks(preds, target, self.num_classes, self.multidim_average)
-        add_to_states(self, _STAT_STATES, _lean_stats(preds, target, self.num_classes, self.ignore_index, checked))
-        _deferred.sweep(self)
+        _multiclass_update_by_functional(self, preds, target)
         return
+    if preds.ndim == target.ndim + 1 and preds.is_floating_point() and not target.is_floating_point():
+        # scores: the argmax is a class, so the counting's sink finds every target that is no class (the validation)
+        if self.validate_args:
+            _multiclass_shape_checks(preds, target, num_classes, self.multidim_average)
+        stats, bad_targets = _class_counts(
+            preds.argmax(dim=1), target, num_classes, self.ignore_index, self.validate_args, from_scores=True
+        )
+        if self.validate_args:
+            raise_at_once = functools.partial(_raise_not_a_class, preds, target, num_classes, self.ignore_index)
+            flag = _file_invalid(self, bad_targets, raise_at_once)
+            if flag is not None:
+                stats.mul_(torch.pow(0, flag))  # 0 ** 0 == 1, 0 ** n == 0: the invalid batch is left out, one op
+    else:
+        invalid = None
+        if self.validate_args:
+            invalid = _multiclass_stat_scores_tensor_validation(
+                preds, target, num_classes, self.multidim_average, self.ignore_index, metric=self
+            )
+        preds, target = _multiclass_stat_scores_format(preds, target, 1)
+        stats, _ = _class_counts(preds, target, num_classes, self.ignore_index, self.validate_args, from_scores=False)
+        if invalid is not None:
+            stats.masked_fill_(invalid, 0)  # in place: the invalid batch is left out
+    add_to_states(self, _STAT_STATES, stats)
+    _deferred.sweep(self)
+
+
+def _multiclass_update_by_functional(self: Any, preds: Tensor, target: Tensor) -> None:
+    """``top_k > 1``, micro, samplewise (and XLA, MPS): the patched functional counting, an invalid batch left out."""
     invalid = None
     if self.validate_args:
         invalid = _multiclass_stat_scores_tensor_validation(
             preds, target, self.num_classes, self.multidim_average, self.ignore_index, metric=self
         )
     preds, target = _multiclass_stat_scores_format(preds, target, self.top_k)
-    num_classes = self.num_classes if self.num_classes is not None else 1
     tp, fp, tn, fn = _multiclass_stat_scores_update(
         preds,
         target,
-        num_classes,
+        self.num_classes if self.num_classes is not None else 1,
         self.top_k,
         self.average,
         self.multidim_average,

@@ -1,0 +1,161 @@
+"""Multiclass stat scores at the class counts users have: O(batch + classes) per update, never classes x classes.
+
+Stock counts every macro/weighted/none update into a ``C x C`` confusion matrix (80 GB of int64 at 100000 classes);
+the patched update counts hits and misses per target class and predictions per class. Allocations are deterministic
+(the bytes of every new tensor an update makes), so they are asserted here; time is the benchmarks' (README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torchmetrics import classification
+
+import torchmetrics_syncfree
+from tests._probing import PATHS_WITH_FLIGHT, on_path
+
+#: every multiclass stat-score metric (each a ``MulticlassStatScores`` whose update this counts)
+STAT_SCORE_METRICS = (
+    "MulticlassStatScores",
+    "MulticlassAccuracy",
+    "MulticlassPrecision",
+    "MulticlassRecall",
+    "MulticlassF1Score",
+    "MulticlassSpecificity",
+    "MulticlassNegativePredictiveValue",
+    "MulticlassHammingDistance",
+)
+BATCH = 128
+MIB = 2**20
+
+
+class AllocatedBytes(TorchDispatchMode):
+    """The bytes of the new storages that the ops dispatched while active return (in-place results and views: none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.total += t.untyped_storage().nbytes()
+                inputs.add(t.untyped_storage().data_ptr())
+        return out
+
+
+def _make(name: str, num_classes: int, **kwargs: Any) -> Any:
+    return getattr(classification, name)(num_classes=num_classes, **kwargs)
+
+
+def _inputs(num_classes: int, scores: bool, ignore_index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(num_classes)
+    target = torch.randint(num_classes, (BATCH,), generator=generator)
+    target[: BATCH // 2] = torch.randint(5, (BATCH // 2,), generator=generator)  # hits, misses and repeated classes
+    if ignore_index is not None:
+        target[::7] = ignore_index
+    if scores:
+        preds = torch.rand(BATCH, num_classes, generator=generator)
+        preds[torch.arange(BATCH // 2), target[: BATCH // 2].clamp(min=0)] += 2.0  # half the batch predicted right
+        return preds, target
+    preds = torch.where(torch.arange(BATCH) % 3 == 0, target.clamp(min=0), torch.randint(num_classes, (BATCH,)))
+    return preds, target
+
+
+def _reference_stats(
+    preds: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int | None
+) -> torch.Tensor:
+    """tp/fp/tn/fn per class by counting in Python, entry by entry: independent of any tensor counting."""
+    labels = (preds.argmax(1) if preds.is_floating_point() else preds).tolist()
+    tp, fp, fn = [0] * num_classes, [0] * num_classes, [0] * num_classes
+    counted = 0
+    for label, truth in zip(labels, target.tolist()):
+        if truth == ignore_index:
+            continue
+        counted += 1
+        if label == truth:
+            tp[truth] += 1
+        else:
+            fp[label] += 1
+            fn[truth] += 1
+    tn = [counted - a - b - c for a, b, c in zip(tp, fp, fn)]
+    return torch.tensor([tp, fp, tn, fn])
+
+
+def _allocated_by(run: Callable[[], Any]) -> int:
+    with AllocatedBytes() as allocated:
+        run()
+    return allocated.total
+
+
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+@pytest.mark.parametrize("scores", [True, False], ids=["scores", "labels"])
+@pytest.mark.parametrize("name", STAT_SCORE_METRICS)
+def test_an_update_at_100000_classes_allocates_under_10_mib(name: str, scores: bool, path: str, syncfree: Any) -> None:
+    num_classes = 100_000
+    metric = _make(name, num_classes, average="macro")
+    preds, target = _inputs(num_classes, scores)
+    with on_path(path):
+        metric.update(preds, target)  # the first update makes what is made once (cached constants)
+        allocated = _allocated_by(lambda: metric.update(preds, target))
+    # stock's update allocates at least the C x C matrix: 80 GB here
+    assert allocated < 10 * MIB, f"{allocated / MIB:.1f} MiB"
+
+
+@pytest.mark.parametrize("ignore_index", [None, 3, -1])
+@pytest.mark.parametrize("scores", [True, False], ids=["scores", "labels"])
+def test_the_counts_at_100000_classes_are_the_entries_counted_one_by_one(
+    scores: bool, ignore_index: int | None, syncfree: Any
+) -> None:
+    num_classes = 100_000
+    preds, target = _inputs(num_classes, scores, ignore_index)
+    for path in PATHS_WITH_FLIGHT:
+        metric = _make("MulticlassStatScores", num_classes, average="none", ignore_index=ignore_index)
+        with on_path(path):
+            metric.update(preds, target)
+            metric.update(preds, target)
+            stats = torch.stack((metric.tp, metric.fp, metric.tn, metric.fn))
+        assert torch.equal(stats, 2 * _reference_stats(preds, target, num_classes, ignore_index)), path
+
+
+@pytest.mark.parametrize("average", ["macro", "weighted", "none"])
+@pytest.mark.parametrize("scores", [True, False], ids=["scores", "labels"])
+@pytest.mark.parametrize("name", STAT_SCORE_METRICS)
+def test_stocks_values_at_1000_classes(name: str, scores: bool, average: str) -> None:
+    """Where stock still runs (a 1000 x 1000 matrix per update): its values, on every path."""
+    num_classes = 1000
+    preds, target = _inputs(num_classes, scores, ignore_index=7)
+    stock = _make(name, num_classes, average=average, ignore_index=7)
+    stock.update(preds, target)
+    expected = stock.compute()
+    with torchmetrics_syncfree.patched():
+        for path in PATHS_WITH_FLIGHT:
+            metric = _make(name, num_classes, average=average, ignore_index=7)
+            with on_path(path):
+                metric.update(preds, target)
+                assert torch.equal(metric.compute(), expected), path
+
+
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_an_update_at_1000_classes_allocates_a_fraction_of_stocks(path: str) -> None:
+    num_classes = 1000
+    preds, target = _inputs(num_classes, scores=True)
+    stock = _make("MulticlassAccuracy", num_classes, average="macro")
+    stock.update(preds, target)
+    stock_bytes = _allocated_by(lambda: stock.update(preds, target))
+    with torchmetrics_syncfree.patched():
+        metric = _make("MulticlassAccuracy", num_classes, average="macro")
+        with on_path(path):
+            metric.update(preds, target)
+            patched_bytes = _allocated_by(lambda: metric.update(preds, target))
+    assert stock_bytes > num_classes**2 * 8  # stock's confusion matrix, int64
+    assert patched_bytes * 50 < stock_bytes, (patched_bytes, stock_bytes)
