@@ -12,10 +12,9 @@ Two measurements per configuration and call, both from the same run:
   two blocks timed back to back (rows measured only this way show the paired blocks' medians per call). On a
   shared VM whose speed drifts, this is the ratio to trust; targets are checked against it where it exists.
 
-Targets: issue 2 (aggregation): ``MeanMetric.update(loss)`` <= 0.75, every aggregator call <= 1.05; issue 3
-(classification): every ``update`` and ``forward`` <= 1.05; issue 12: the same 1.05 for classification at realistic
-sizes (10-1000 classes, batch 32-1024: the rows whose configuration ends in ``batch N``) and for the motivating
-report's whole metric step (area ``step``).
+Targets: aggregation: ``MeanMetric.update(loss)`` <= 0.75, every aggregator call <= 1.05; classification: every
+``update`` and ``forward`` <= 1.05, also at realistic sizes (10-1000 classes, batch 32-1024: the rows whose
+configuration ends in ``batch N``); the same 1.05 for the motivating report's whole metric step (area ``step``).
 
 """
 
@@ -37,7 +36,7 @@ DEVICE_PATH_SUFFIX = "(device path)"
 
 
 def target(row: dict[str, Any]) -> float | None:
-    """The issue's ceiling for a row's ratio, if it has one (none for the GPU code path timed on CPU: informational)."""
+    """The target ceiling for a row's ratio, if it has one (none for the GPU code path timed on CPU: informational)."""
     if row["config"].endswith(DEVICE_PATH_SUFFIX):
         return None
     if (row["config"], row["call"]) == MEAN_LOSS_UPDATE:

@@ -1,4 +1,4 @@
-"""``compute()`` latency of a CPU metric under a process group without a CPU backend (issue 4), 2 ranks on CPU.
+"""``compute()`` latency of a CPU metric under a process group without a CPU backend, 2 ranks on CPU.
 
 This process is rank 0 of a ``"cuda:gloo"`` world (the NCCL situation: no CPU backend) and times
 ``metric.compute()``; a spawned peer (rank 1) mirrors every round without timing. Cases:

@@ -1,4 +1,4 @@
-"""``compute()`` under DDP (issue 27): collectives, host reads and wall time per ``compute()``, stock vs patched.
+"""``compute()`` under DDP: collectives, host reads and wall time per ``compute()``, stock vs patched.
 
 A real gloo world on this machine's CPU, 2 and 4 ranks: this process is rank 0 and times ``compute()``; spawned
 peers mirror every round without timing. Cases (``kind``):
@@ -175,5 +175,5 @@ def test_compute(benchmark: Any, world: tuple[int, list[Any]], case: str, kind: 
     benchmark.group = f"ddp-compute-{kind}-{world_size}ranks"
     benchmark.extra_info.update(_counted(case, kind))
     benchmark.pedantic(_measured(kind), setup=lambda: ((_setup(case, kind),), {}), rounds=rounds)
-    if case == "patched":  # what issue 27 asks: one collective, no host read in the sync
+    if case == "patched":  # the target: one collective, no host read in the sync
         assert benchmark.extra_info["collectives"] == 1 and benchmark.extra_info["host_reads"] == 0

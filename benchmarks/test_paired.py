@@ -69,7 +69,7 @@ SIZED: tuple[tuple[Config, int], ...] = (
     # where classes are many: stock counts a C x C matrix per update (0.6 s at 10000 classes on one CPU thread)
     (Config("F1Score(task='multiclass', num_classes=10000, average='macro')"), 128),
     (Config("F1Score(task='multilabel', num_labels=100, average='macro')"), 256),
-    # the confusion-matrix family (issue 10): its update is shared by CohenKappa, MatthewsCorrCoef and JaccardIndex
+    # the confusion-matrix family: its update is shared by CohenKappa, MatthewsCorrCoef and JaccardIndex
     *(
         (Config(f"{name}(task='multiclass', num_classes={classes})"), batch)
         for name in ("ConfusionMatrix", "JaccardIndex")
@@ -92,12 +92,12 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (32, 256)
     ),
     (Config("ExactMatch(task='multilabel', num_labels=100)"), 256),
-    # the regression metrics of issue 11 (compute-time syncs; KLDivergence's update) at a larger batch
+    # the regression metrics (compute-time syncs; KLDivergence's update) at a larger batch
     *(
         (Config(spec), 1024)
         for spec in ("R2Score()", "ExplainedVariance()", "PearsonCorrCoef()", "KLDivergence()", "SpearmanCorrCoef()")
     ),
-    # issue 11: a wrapper, an image, a text and a segmentation metric at batch 256
+    # a wrapper, an image, a text and a segmentation metric at batch 256
     *(
         (Config(spec), 256)
         for spec in (
@@ -107,7 +107,7 @@ SIZED: tuple[tuple[Config, int], ...] = (
             "GeneralizedDiceScore(num_classes=5, input_format='index')",
         )
     ),
-    # retrieval (issue 11): 32 queries x 10 and x 100 documents per step (the audit's retrieval inputs)
+    # retrieval: 32 queries x 10 and x 100 documents per step (the audit's retrieval inputs)
     *(
         (Config(spec), batch)
         for spec in ("RetrievalMRR()", "RetrievalPrecision(top_k=10)", "RetrievalNormalizedDCG()", "RetrievalMAP()")
@@ -276,7 +276,7 @@ def test_paired_host_time_at_size(benchmark: Any, config: Config, batch: int, ca
 @pytest.mark.parametrize("call", ["update", "forward"])
 @pytest.mark.parametrize("classes", [10, 1000])
 def test_paired_report_step(benchmark: Any, classes: int, call: str, path: str) -> None:
-    """The report's metric step (issue 26's host-time target): the patched device path against stock's CPU path."""
+    """The report's metric step (target: host time <= stock's): the patched device path against stock's CPU path."""
     gen = torch.Generator().manual_seed(0)
     loss = torch.rand((), generator=gen) * 7
     logits = torch.randn(REPORT_BATCH, classes, generator=gen)
@@ -320,12 +320,12 @@ DEVICE_PATH = tuple(
         ("AveragePrecision(task='multilabel', num_labels=10)", "auto"),
         # the micro one-hot list state by comparison with every class, against stock's mask and one_hot
         ("ROC(task='multiclass', num_classes=10, average='micro', ignore_index=-1)", "auto"),
-        # issue 11: forward computes the batch value (R2/Pearson: torch.where; Spearman: sort-based ranks)
+        # regression: forward computes the batch value (R2/Pearson: torch.where; Spearman: sort-based ranks)
         ("R2Score()", "auto"),
         ("PearsonCorrCoef()", "auto"),
         ("SpearmanCorrCoef()", "auto"),
         ("KLDivergence()", "auto"),
-        # issue 11: the fixed-shape updates (and MinMaxMetric's on-device comparison in forward)
+        # the other metrics: the fixed-shape updates (and MinMaxMetric's on-device comparison in forward)
         ("MinMaxMetric(MeanSquaredError())", "auto"),
         ("PeakSignalNoiseRatio(data_range=1.0)", "auto"),
         ("Perplexity(ignore_index=-100)", "auto"),

@@ -4,10 +4,10 @@ The same module trains for a few ``fast_dev_run`` steps on stock and on patched 
 step and the epoch aggregates Lightning computes from the metric objects) must be equal, and the patched metric
 updates inside ``training_step`` must not sync.
 
-Evaluation (issue 25): a module logs metrics of several families from ``validation_step``/``test_step``, through
-``forward`` and through ``update``, over ``fit`` (sanity check, several epochs), ``validate`` and ``test``, under
-Lightning's default ``torch.inference_mode()`` and under ``Trainer(inference_mode=False)``; every logged value must be
-stock's, on the CPU path and on the device path.
+Evaluation (the inference-mode crash of a validation metric's second epoch): a module logs metrics of several families
+from ``validation_step``/``test_step``, through ``forward`` and through ``update``, over ``fit`` (sanity check, several
+epochs), ``validate`` and ``test``, under Lightning's default ``torch.inference_mode()`` and under
+``Trainer(inference_mode=False)``; every logged value must be stock's, on the CPU path and on the device path.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_patched_metrics_log_the_same_values_as_stock():
     assert not any(torchmetrics_syncfree.is_patched(t) for t in torchmetrics_syncfree.declared_targets())
 
 
-# --- evaluation: metrics logged from validation_step/test_step over several epochs (issue 25) -------------------------
+# --- evaluation: metrics logged from validation_step/test_step over several epochs ------------------------------------
 #
 # Lightning (2.6) runs fit's validation loop (sanity check included) under torch.no_grad(), and trainer.validate() and
 # trainer.test() under torch.inference_mode() unless Trainer(inference_mode=False). A metric reset there (forward's

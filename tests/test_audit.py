@@ -238,7 +238,7 @@ def test_the_patched_cpu_forward_adds_few_python_calls(cls: type[_Summing], chec
     stock's forward of the same metric without check counters (counted, not timed: exact on any machine).
 
     At 10 classes x batch 32 stock's whole forward is ~100 us of host time and each Python call ~0.1-0.3 us: the
-    machinery was 14-27 calls more before the forward paths were flattened (the issue's 1.05 target for HingeLoss and
+    machinery was 14-27 calls more before the forward paths were flattened (the 1.05 target for HingeLoss and
     binned AUROC at that size failed by those calls).
     """
     stock = _python_calls_of_a_forward(cls(checks=False))
@@ -247,7 +247,7 @@ def test_the_patched_cpu_forward_adds_few_python_calls(cls: type[_Summing], chec
     assert patched - stock <= 8, (stock, patched)
 
 
-def test_the_catalogue_covers_the_issue():
+def test_the_catalogue_covers_every_nan_strategy_average_and_area():
     labels = [c.label for c in CATALOGUE]
     assert len(labels) == len(set(labels))
     for name in ("MeanMetric", "SumMetric", "MaxMetric", "MinMetric", "CatMetric"):
@@ -270,7 +270,7 @@ def test_the_catalogue_covers_the_issue():
         "pearson",
         "kl_divergence",
         "spearman",
-        # issue 11
+        # the other metrics and retrieval
         "minmax",
         "psnr",
         "perplexity",

@@ -1,4 +1,4 @@
-"""CalibrationError, BinaryFairness/BinaryGroupStatRates and the multilabel ranking metrics (issue 28): stock's values
+"""CalibrationError, BinaryFairness/BinaryGroupStatRates and the multilabel ranking metrics: stock's values
 on both patched paths, sync-free update/forward (and compute where its output has a fixed shape) on the device path
 with the check counters' copy arrived and in flight, validation reported as stock's, compile without graph breaks."""
 

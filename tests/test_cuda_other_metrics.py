@@ -1,4 +1,4 @@
-"""CUDA checks of the issue-11 areas (MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore): no
+"""CUDA checks of the other metrics' areas (MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore): no
 real synchronization in update/forward/compute (``torch.cuda.set_sync_debug_mode("error")``), stock's values, and
 stock's synchronizations seen unpatched. Run by ``tox -e gpu``; skipped without CUDA elsewhere."""
 

@@ -1,4 +1,4 @@
-"""CUDA checks of the regression areas (issue 11; run by ``tox -e gpu``, skipped without CUDA): with
+"""CUDA checks of the regression areas (run by ``tox -e gpu``, skipped without CUDA): with
 ``torch.cuda.set_sync_debug_mode("error")`` every synchronizing call raises, the ground truth the CPU probe stands in
 for; the values equal stock's on the same GPU."""
 

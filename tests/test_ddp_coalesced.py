@@ -1,4 +1,4 @@
-"""Metric states synced in one collective (issue 27), in spawned gloo and ``cuda:gloo`` worlds of 2 and 4 ranks.
+"""Metric states synced in one collective, in spawned gloo and ``cuda:gloo`` worlds of 2 and 4 ranks.
 
 Every rank computes the same metrics three ways in each world: stock (``unpatch_all()``), patched on the CPU path and
 patched on the device path (``force_device_path``), and records the synced states, the computed values, the
@@ -193,7 +193,7 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _issue_collection(group: Any) -> MetricCollection:
+def _report_metrics(group: Any) -> MetricCollection:
     kwargs = {"num_classes": NUM_CLASSES, "average": "macro", "process_group": group}
     return MetricCollection(
         {
@@ -228,7 +228,7 @@ def _cases(rank: int, group: Any) -> dict[str, tuple[Callable[[], Any], Callable
         )
 
     return {
-        "issue_collection": (lambda: _issue_collection(group), feed_classes),
+        "report_metrics": (lambda: _report_metrics(group), feed_classes),
         "accuracy": (lambda: MulticlassAccuracy(NUM_CLASSES, process_group=group), feed_classes),
         "every_reduction": (lambda: _EveryReduction(process_group=group), feed_every),
         "fixed": (lambda: _Fixed(process_group=group), feed_x),
@@ -311,7 +311,7 @@ def _special(rank: int, group: Any) -> dict[str, Any]:
     _deferred.force_device_path(True)
     try:
         nan_error = MetricCollection(
-            {"mean": MeanMetric(nan_strategy="error", process_group=group), "acc": _issue_collection(group)["acc"]}
+            {"mean": MeanMetric(nan_strategy="error", process_group=group), "acc": _report_metrics(group)["acc"]}
         )
         value = torch.tensor(float("nan") if rank == 1 else 1.0)
         nan_error["mean"].update(value)
@@ -365,16 +365,16 @@ def _check(results: list[dict[str, Any]]) -> None:
                         assert _equal(got["synced"], stock["synced"]), where
                     assert got["unsynced"] and got["restored"], where
                     assert got["reads"] == 0 or name.startswith(("every", "list")), (where, got["reads"])
-            # what the issue asks: one collective per compute() for fixed-shape states, two with list states
+            # the target: one collective per compute() for fixed-shape states, two with list states
             for path in ("cpu", "device"):
-                assert res[f"{path}/issue_collection"]["collectives"] == ["all_gather"], path
+                assert res[f"{path}/report_metrics"]["collectives"] == ["all_gather"], path
                 assert res[f"{path}/accuracy"]["collectives"] == ["all_gather"]
                 assert res[f"{path}/fixed"]["collectives"] == ["all_gather"]
                 assert res[f"{path}/every_reduction"]["collectives"] == ["all_gather"] * 2
                 assert res[f"{path}/every_reduction"]["reads"] == 1  # the size exchange
                 assert res[f"{path}/list_collection"]["collectives"] == ["all_gather"] * 2
-            assert res["device/issue_collection"]["waits"] == 1  # the members' check counters, read once
-            assert res["stock/issue_collection"]["reads"] > 0 and len(res["stock/issue_collection"]["collectives"]) > 5
+            assert res["device/report_metrics"]["waits"] == 1  # the members' check counters, read once
+            assert res["stock/report_metrics"]["reads"] > 0 and len(res["stock/report_metrics"]["collectives"]) > 5
             if backend_fn.startswith("_cuda"):
                 assert res["fallback_groups_only"]
             # members with their own sync keep it; an error leaves every member unsynced and usable

@@ -1,4 +1,4 @@
-"""Metric states synced over process groups without a backend for their device (issue 4), in spawned worlds.
+"""Metric states synced over process groups without a backend for their device, in spawned worlds.
 
 ``init_process_group("cuda:gloo")`` on this CPU-only machine builds a group with a CUDA backend only: collectives on
 CPU tensors fail exactly as under NCCL. Each test spawns one world (2 or 4 ranks) and runs every check in it, stock

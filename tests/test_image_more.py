@@ -1,4 +1,4 @@
-"""The image metrics of issue 28: MultiScaleStructuralSimilarityIndexMeasure, StructuralSimilarityIndexMeasure (without
+"""Image metrics beyond PSNR: MultiScaleStructuralSimilarityIndexMeasure, StructuralSimilarityIndexMeasure (without
 a ``data_range``, or with ``gaussian_kernel=False``), PeakSignalNoiseRatioWithBlockedEffect,
 VisualInformationFidelity, RelativeAverageSpectralError and SpatialCorrelationCoefficient. Stock's values, dtypes and
 shapes to the bit on both patched paths, stock's errors, a sync-free update/forward/compute on the device path (with

@@ -1,6 +1,6 @@
 """Kernel launches per call: the counter, the audit's ``--launches`` report, and the launch budget of the device path.
 
-The budget (issue 26): over the audit catalogue at 10 and 1000 classes, the patched device path (the check counters'
+The budget: over the audit catalogue at 10 and 1000 classes, the patched device path (the check counters'
 host copy in flight) launches at most stock's total per call, and no configuration more than the larger of 1.25x and
 stock's + 4. Counts are deterministic: the tests assert them, and fail if a configuration goes over again.
 """

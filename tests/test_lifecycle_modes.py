@@ -208,7 +208,7 @@ def test_the_sequences_cover_each_mode_transition() -> None:
 
 
 def test_a_metric_reset_under_inference_mode_is_used_there_again() -> None:
-    """Issue 25's snippet, on every path: a validation metric's second epoch under inference mode."""
+    """The inference_mode crash's snippet, on every path: a validation metric's second epoch under inference mode."""
     preds, target = torch.rand(16), torch.randint(0, 2, (16,))
     expected = []
     for patched in (False, True):
@@ -227,10 +227,11 @@ def test_a_metric_reset_under_inference_mode_is_used_there_again() -> None:
                     assert values == expected, path
 
 
-#: issue 28's classes (their census specifications and inputs): new states and checks across Lightning's stages.
+#: the breadth classes, the rest of TorchMetrics on a GPU (their census specifications and inputs): new states and
+#: checks across Lightning's stages.
 #: BootStrapper is left out: its resampling draws from the global generator (stock's) or on the device (documented),
 #: which a sequence of stock against patched cannot pair; tests/test_wrappers_more.py pairs its seeded CPU path.
-ISSUE_28_CLASSES = (
+BREADTH_CLASSES = (
     *("LogCoshError", "TweedieDevianceScore", "KendallRankCorrCoef", "ConcordanceCorrCoef"),
     *("CramersV", "TschuprowsT", "PearsonsContingencyCoefficient", "TheilsU"),
     *("AdjustedMutualInfoScore", "AdjustedRandScore", "CalinskiHarabaszScore", "DaviesBouldinScore", "DunnIndex"),
@@ -271,13 +272,10 @@ SLOW_SEQUENCE_CLASSES = frozenset({"HausdorffDistance", "VisualInformationFideli
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SEQUENCE_CLASSES else name
-        for name in ISSUE_28_CLASSES
-    ],
+    [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SEQUENCE_CLASSES else name for name in BREADTH_CLASSES],
 )
 @pytest.mark.parametrize("sequence", ["fit-validate-test-forward", "train-after-inference-reset"])
-def test_issue_28_classes_across_lightning_stages(name: str, sequence: str) -> None:
+def test_breadth_classes_across_lightning_stages(name: str, sequence: str) -> None:
     """Stock's outcome at every step on every path; the device path within 1e-4 (the documented float deviations of
     the areas, e.g. AdjustedMutualInfoScore's 5e-5: their exact parity is each area's own test)."""
     _assert_sequence_matches_stock(_census_subject(name), SEQUENCES[sequence], tolerance=1e-4)

@@ -1,7 +1,7 @@
 """``Metric``'s own per-call work while patched: the update wrapper, ``reset()`` and the one-update ``forward``.
 
-These run around every ``update``/``forward`` of every metric (issue 26's host time): the layer writes their flags and
-states to the instance's ``__dict__`` (what ``setattr`` ends up doing after ``nn.Module.__setattr__``'s checks),
+These run around every ``update``/``forward`` of every metric, so their host time counts: the layer writes their flags
+and states to the instance's ``__dict__`` (what ``setattr`` ends up doing after ``nn.Module.__setattr__``'s checks),
 switches the grad mode only where it differs, and ``forward`` holds the accumulated states instead of cloning them
 (they are never written before the reduction makes new ones). Each test pins a piece of stock behaviour that these
 must keep, against stock where it can.

@@ -69,7 +69,7 @@ def test_ratio_table_and_targets(tmp_path, capsys):
     assert "| SumMetric() update(loss) | forward | 100.0 | 110.0 | 1.10 |  | <= 1.05 MISSED |" in out
     # the paired ratio decides where it exists: 1.20 sequential, 1.03 paired
     assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 | 1.03 | <= 1.05 met |" in out
-    assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |" in out  # issue 3 sets no compute target
+    assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |" in out  # no compute target
     assert "| R2Score() | update |  |  |  | 1.50 |  |" in out
     assert "| F1Score(num_classes=1000) batch 1024 | forward |  |  |  | 1.20 | <= 1.05 MISSED |" in out
     assert (

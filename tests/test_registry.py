@@ -466,7 +466,7 @@ def _example_metrics() -> list[Any]:
         MulticlassLogAUC(num_classes=3, thresholds=5),
         MultilabelLogAUC(num_labels=3),
         *_regression_metrics(),
-        # issue 11
+        # the other metrics, the wrappers and retrieval
         GeneralizedDiceScore(num_classes=3),
         MinMaxMetric(MeanMetric()),
         Running(MeanMetric(), window=2),
@@ -483,7 +483,7 @@ def _example_metrics() -> list[Any]:
 
 
 def _retrieval_curve_and_wrapper_metrics() -> list[Any]:
-    """Areas ``retrieval_precision_recall_curve``, ``bootstrapping`` (above) and ``multioutput`` (issue 28)."""
+    """Areas ``retrieval_precision_recall_curve``, ``bootstrapping`` (above) and ``multioutput``."""
     from torchmetrics.regression import MeanSquaredError
     from torchmetrics.retrieval import RetrievalPrecisionRecallCurve
     from torchmetrics.wrappers import MultioutputWrapper
@@ -492,7 +492,7 @@ def _retrieval_curve_and_wrapper_metrics() -> list[Any]:
 
 
 def _segmentation_detection_metrics() -> list[Any]:
-    """Areas ``hausdorff_distance``, ``detection_iou`` and ``panoptic_qualities`` (issue 28)."""
+    """Areas ``hausdorff_distance``, ``detection_iou`` and ``panoptic_qualities``."""
     from unittest import mock
 
     from torchmetrics.detection import ModifiedPanopticQuality, PanopticQuality
@@ -529,7 +529,7 @@ def _nominal_metrics() -> list[Any]:
 
 
 def _calibration_fairness_ranking_metrics() -> list[Any]:
-    """One metric of each class of the areas ``calibration_error``, ``group_fairness`` and ``ranking`` (issue 28)."""
+    """One metric of each class of the areas ``calibration_error``, ``group_fairness`` and ``ranking``."""
     from torchmetrics import classification
 
     return [
@@ -565,7 +565,7 @@ def _fixed_point_metrics() -> list[Any]:
 
 
 def _regression_metrics() -> list[Any]:
-    """The regression metrics whose methods the issue-11 areas patch."""
+    """The regression metrics whose methods the regression areas patch."""
     import warnings
 
     from torchmetrics.regression import (
@@ -585,9 +585,9 @@ def _regression_metrics() -> list[Any]:
             ExplainedVariance(),
             PearsonCorrCoef(num_outputs=2),
             SpearmanCorrCoef(),
-            ConcordanceCorrCoef(),  # its own compute (issue 28)
-            TweedieDevianceScore(power=1.5),  # __init__ and update (issue 28)
-            LogCoshError(),  # update (issue 28)
+            ConcordanceCorrCoef(),  # its own compute
+            TweedieDevianceScore(power=1.5),  # __init__ and update
+            LogCoshError(),  # update
         ]
 
 

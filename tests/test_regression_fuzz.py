@@ -1,4 +1,4 @@
-"""Hypothesis fuzz of the regression areas (issue 11): random sizes (batches of one included), outputs, dtypes, value
+"""Hypothesis fuzz of the regression areas: random sizes (batches of one included), outputs, dtypes, value
 kinds (continuous, ties, constant columns, exact zeros); the patched metric on the simulated device path (or the CPU
 path) against stock on CPU: values, dtypes and shapes identical (NaN where stock's are), no sync on the device path,
 and stock's exception type where stock raises."""

@@ -1,4 +1,4 @@
-"""LogCoshError, TweedieDevianceScore, KendallRankCorrCoef, ConcordanceCorrCoef (issue 28): stock's values on both
+"""LogCoshError, TweedieDevianceScore, KendallRankCorrCoef, ConcordanceCorrCoef: stock's values on both
 patched paths, sync-free update/forward/compute on the device path (the check counters' copy arrived and in
 flight), stock's errors and warnings."""
 

@@ -1,4 +1,4 @@
-"""HausdorffDistance (issue 28): stock's values to the bit on both patched paths (every distance metric, directed or
+"""HausdorffDistance: stock's values to the bit on both patched paths (every distance metric, directed or
 not, integer and float spacing, index, one-hot and bool inputs), a sync-free update/forward on the device path with
 the check counters' copy arrived and in flight (stock's hundreds of reads seen unpatched), stock's errors (masks not
 binarized, a class absent from both masks, class values outside the classes) as deferred checks with the batch left

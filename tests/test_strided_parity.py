@@ -1,4 +1,4 @@
-"""Bit parity with stock for inputs as they come out of a model (issue 25): strided views, other float dtypes.
+"""Bit parity with stock for inputs as they come out of a model: strided views, other float dtypes.
 
 A column of a batch (``out[:, 0]``), a transposed (column-major) tensor, a view that steps over rows, a broadcast
 (stride-0, ``expand``) tensor and a view at a storage offset hold the same numbers as a contiguous tensor, but a float

@@ -1,4 +1,4 @@
-"""Wrappers' internal resets and computes of the metrics they wrap read no check counters (issue 28): no host wait
+"""Wrappers' internal resets and computes of the metrics they wrap read no check counters: no host wait
 inside ``Running``'s update/forward or the ``MinMaxMetric``/``BootStrapper`` forwards, with the counters' host copy
 in flight or arrived; every warning and error still reaches the user once, and values are stock's."""
 

@@ -1,4 +1,4 @@
-"""BootStrapper and MultioutputWrapper (issue 28): sync-free updates and forwards on the device path, stock's values
+"""BootStrapper and MultioutputWrapper: sync-free updates and forwards on the device path, stock's values
 where reads are free (seeded BootStrapper runs to the bit), the device path's resampling pinned by its distribution,
 MultioutputWrapper's values on both paths and its one documented read with ``remove_nans``."""
 

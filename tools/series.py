@@ -138,9 +138,9 @@ RETRIEVAL_TESTS = tuple(
     for name in ("mrr", "hit_rate", "precision", "recall", "map", "ndcg", "r_precision", "fallout", "auroc")
 )
 FALL_OUT_TESTS = ("unittests/retrieval/test_fallout.py",)
-#: issue 28's second round (series 0043-0050): the classification leftovers, the fixed-output curves'
+#: the breadth areas' second round (series 0043-0050): the classification leftovers, the fixed-output curves'
 #: computes, MultioutputWrapper, HausdorffDistance, the box IoU metrics and the wrappers' held internal resets
-CLASSIFICATION_28_SOURCES = tuple(
+CALIBRATION_FAIRNESS_RANKING_SOURCES = tuple(
     f"src/torchmetrics/{prefix}classification/{name}.py"
     for prefix in ("", "functional/")
     for name in ("calibration_error", "group_fairness", "ranking")
@@ -204,7 +204,7 @@ HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if h
 #: add ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
 #: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series), and
 #: the hinge-loss and exact-match suites (whose tree-mode project suites run in CI as well)
-#: The issue-11 suites of regression and Perplexity are quick (~40 s on 2 cores, DDP part included; MinMaxMetric's
+#: The five regression suites and Perplexity's are quick (~40 s on 2 cores, DDP part included; MinMaxMetric's
 #: is not heavy, it runs with unittests/wrappers/): CI runs them all; PSNR's and GeneralizedDiceScore's need
 #: scikit-image and monai (``OPTIONAL_PACKAGE_TESTS``).
 #: Of the nine retrieval suites (~20 min with -n 1) CI runs R-precision's (every ``RetrievalMetric`` update and the
@@ -315,10 +315,10 @@ PERPLEXITY_PROJECT_TESTS = ("tests/test_perplexity.py",)
 PSNR_PROJECT_TESTS = ("tests/test_psnr.py",)
 GENERALIZED_DICE_PROJECT_TESTS = ("tests/test_generalized_dice.py",)
 RETRIEVAL_PROJECT_TESTS = ("tests/test_retrieval.py",)
-#: issue 28's areas (series 0035-0042): each source -> its project suite, run in tree mode against the patched tree;
-#: their upstream suites run as the test files the patches add or change (a whole touched file), the modules' other
-#: suites by hand (docs/patches.md: the counts each patch was checked with)
-REGRESSION_28_SOURCES = tuple(
+#: the breadth areas, the rest of TorchMetrics (series 0035-0042): each source -> its project suite, run in tree mode
+#: against the patched tree; their upstream suites run as the test files the patches add or change (a whole touched
+#: file), the modules' other suites by hand (docs/patches.md: the counts each patch was checked with)
+BREADTH_REGRESSION_SOURCES = tuple(
     f"src/torchmetrics/{prefix}{name}.py"
     for prefix, names in (
         ("functional/regression/", ("kendall", "log_cosh", "tweedie_deviance")),
@@ -350,7 +350,7 @@ CLUSTERING_SOURCES = tuple(
         "utils",
     )
 )
-IMAGE_28_SOURCES = (
+BREADTH_IMAGE_SOURCES = (
     *(f"src/torchmetrics/functional/image/{name}.py" for name in ("psnrb", "rase", "scc", "ssim", "utils", "vif")),
     "src/torchmetrics/image/ssim.py",
 )
@@ -358,8 +358,8 @@ PANOPTIC_SOURCES = (
     "src/torchmetrics/detection/panoptic_qualities.py",
     "src/torchmetrics/functional/detection/_panoptic_quality_common.py",
 )
-#: issue 28's second round (series 0043-0050), continued
-SEGMENTATION_DETECTION_28_SOURCES = (
+#: the breadth areas' second round (series 0043-0050), continued
+SEGMENTATION_DETECTION_SOURCES = (
     "src/torchmetrics/functional/segmentation/hausdorff_distance.py",
     "src/torchmetrics/segmentation/hausdorff_distance.py",
     "src/torchmetrics/detection/iou.py",
@@ -407,16 +407,16 @@ PROJECT_TESTS_FOR_SOURCE = {
     **dict.fromkeys(PSNR_SOURCES, PSNR_PROJECT_TESTS),
     **dict.fromkeys(GENERALIZED_DICE_SOURCES, GENERALIZED_DICE_PROJECT_TESTS),
     **dict.fromkeys(RETRIEVAL_SOURCES, RETRIEVAL_PROJECT_TESTS),
-    **dict.fromkeys(REGRESSION_28_SOURCES, ("tests/test_regression_more.py",)),
+    **dict.fromkeys(BREADTH_REGRESSION_SOURCES, ("tests/test_regression_more.py",)),
     **dict.fromkeys(NOMINAL_SOURCES, ("tests/test_nominal.py",)),
     **dict.fromkeys(CLUSTERING_SOURCES, ("tests/test_clustering.py",)),
-    **dict.fromkeys(IMAGE_28_SOURCES, ("tests/test_image_more.py",)),
+    **dict.fromkeys(BREADTH_IMAGE_SOURCES, ("tests/test_image_more.py",)),
     **dict.fromkeys(PANOPTIC_SOURCES, SEGMENTATION_DETECTION_PROJECT_TESTS),
     "src/torchmetrics/retrieval/precision_recall_curve.py": RETRIEVAL_PROJECT_TESTS,
     "src/torchmetrics/wrappers/bootstrapping.py": WRAPPERS_MORE_PROJECT_TESTS + WRAPPER_CHECKS_PROJECT_TESTS,
-    **dict.fromkeys(CLASSIFICATION_28_SOURCES, ("tests/test_classification_more.py",)),
+    **dict.fromkeys(CALIBRATION_FAIRNESS_RANKING_SOURCES, ("tests/test_classification_more.py",)),
     **dict.fromkeys(FIXED_POINT_SOURCES, ("tests/test_fixed_point_curves.py",)),
-    **dict.fromkeys(SEGMENTATION_DETECTION_28_SOURCES, SEGMENTATION_DETECTION_PROJECT_TESTS),
+    **dict.fromkeys(SEGMENTATION_DETECTION_SOURCES, SEGMENTATION_DETECTION_PROJECT_TESTS),
     "src/torchmetrics/wrappers/multioutput.py": WRAPPERS_MORE_PROJECT_TESTS,
     # the wrappers' held internal resets (series 0050, with ``deferred.held``)
     "src/torchmetrics/wrappers/running.py": WRAPPER_CHECKS_PROJECT_TESTS,

@@ -54,14 +54,14 @@ register_area(
     requires=("metric", "precision_recall_curve"),
 )
 register_area("logauc", "torchmetrics_syncfree.classification.logauc", requires=("metric", "precision_recall_curve"))
-# issue 28: PrecisionAtFixedRecall, RecallAtFixedPrecision, SensitivityAtSpecificity, SpecificityAtSensitivity, EER
+# PrecisionAtFixedRecall, RecallAtFixedPrecision, SensitivityAtSpecificity, SpecificityAtSensitivity, EER
 register_area(
     "fixed_point_curves",
     "torchmetrics_syncfree.classification.fixed_point_curves",
     requires=("metric", "precision_recall_curve"),
 )
 register_area("exact_match", "torchmetrics_syncfree.classification.exact_match", requires=("metric", "classification"))
-# issue 28: CalibrationError, BinaryFairness/BinaryGroupStatRates, the multilabel ranking metrics
+# CalibrationError, BinaryFairness/BinaryGroupStatRates, the multilabel ranking metrics
 register_area(
     "calibration_error",
     "torchmetrics_syncfree.classification.calibration_error",
@@ -76,12 +76,12 @@ register_area("explained_variance", "torchmetrics_syncfree.regression.explained_
 register_area("pearson", "torchmetrics_syncfree.regression.pearson", requires=("metric",))
 register_area("kl_divergence", "torchmetrics_syncfree.regression.kl_divergence")
 register_area("spearman", "torchmetrics_syncfree.regression.spearman", requires=("metric",))
-# issue 28: LogCoshError, TweedieDevianceScore, KendallRankCorrCoef, ConcordanceCorrCoef
+# LogCoshError, TweedieDevianceScore, KendallRankCorrCoef, ConcordanceCorrCoef
 register_area("log_cosh", "torchmetrics_syncfree.regression.log_cosh")
 register_area("tweedie_deviance", "torchmetrics_syncfree.regression.tweedie_deviance", requires=("metric",))
 register_area("concordance", "torchmetrics_syncfree.regression.concordance", requires=("metric", "pearson"))
 register_area("kendall", "torchmetrics_syncfree.regression.kendall")
-# issue 11: MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore (one area per upstream module)
+# MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore (one area per upstream module)
 register_area("minmax", "torchmetrics_syncfree.wrappers.minmax", requires=("metric",))
 register_area("psnr", "torchmetrics_syncfree.image.psnr", requires=("metric",))
 register_area("perplexity", "torchmetrics_syncfree.text.perplexity", requires=("metric",))
@@ -97,27 +97,27 @@ register_area("detection_iou", "torchmetrics_syncfree.detection.iou", requires=(
 register_area("panoptic_qualities", "torchmetrics_syncfree.detection.panoptic_qualities", requires=("metric",))
 register_area("retrieval", "torchmetrics_syncfree.retrieval.base", requires=("metric",))
 register_area("retrieval_fall_out", "torchmetrics_syncfree.retrieval.fall_out", requires=("metric", "retrieval"))
-# issue 28: RetrievalPrecisionRecallCurve, RetrievalRecallAtFixedPrecision
+# RetrievalPrecisionRecallCurve, RetrievalRecallAtFixedPrecision
 register_area(
     "retrieval_precision_recall_curve",
     "torchmetrics_syncfree.retrieval.precision_recall_curve",
     requires=("metric", "retrieval"),
 )
-# issue 28: the twelve clustering metrics, one host read per compute()/forward() (the number of clusters)
+# the twelve clustering metrics, one host read per compute()/forward() (the number of clusters)
 register_area("clustering", "torchmetrics_syncfree.clustering", requires=("metric",))
-# issue 27: a MetricCollection's members synced in one collective
+# a MetricCollection's members synced in one collective
 register_area("collections", "torchmetrics_syncfree.collections", requires=("metric", "distributed"))
-# issue 28: the wrappers' internal resets and computes of the metrics they wrap read no check counters
+# the wrappers' internal resets and computes of the metrics they wrap read no check counters
 register_area("wrapper_checks", "torchmetrics_syncfree.wrappers.checks", requires=("metric",))
-# issue 28: BootStrapper's samples drawn on the device; MultioutputWrapper's selection without host copies
+# BootStrapper's samples drawn on the device; MultioutputWrapper's selection without host copies
 register_area("bootstrapping", "torchmetrics_syncfree.wrappers.bootstrapping", requires=("metric",))
 register_area("multioutput", "torchmetrics_syncfree.wrappers.multioutput", requires=("metric",))
-# issue 28: the nominal metrics (CramersV, TschuprowsT, PearsonsContingencyCoefficient, TheilsU), one area per module
+# the nominal metrics (CramersV, TschuprowsT, PearsonsContingencyCoefficient, TheilsU), one area per module
 register_area("cramers", "torchmetrics_syncfree.nominal.cramers", requires=("metric", "classification"))
 register_area("tschuprows", "torchmetrics_syncfree.nominal.tschuprows", requires=("metric", "classification"))
 register_area("pearsons_contingency", "torchmetrics_syncfree.nominal.pearson", requires=("metric", "classification"))
 register_area("theils_u", "torchmetrics_syncfree.nominal.theils_u", requires=("metric", "classification"))
-# issue 28: the image metrics' host copies, index tensors and masked writes (one area per upstream module)
+# the image metrics' host copies, index tensors and masked writes (one area per upstream module)
 register_area("psnrb", "torchmetrics_syncfree.image.psnrb", requires=("metric",))
 register_area("ssim", "torchmetrics_syncfree.image.ssim", requires=("metric",))
 register_area("vif", "torchmetrics_syncfree.image.vif", requires=("metric",))

@@ -308,7 +308,7 @@ _RETRIEVAL_MODULES = {
     },
     "torchmetrics.retrieval.fall_out": "retrieval_fall_out",
 }
-#: modules outside classification patched by an area of their own (issue 11) -> the area's name
+#: modules outside classification patched by an area of their own -> the area's name
 _MODULE_AREAS = {
     **{
         f"torchmetrics.regression.{name}": name
@@ -415,7 +415,7 @@ def catalogue(num_classes: int = NUM_CLASSES, num_labels: int = NUM_LABELS) -> l
     configs.append(Config(f"ExactMatch(task='multiclass', num_classes={NUM_CLASSES})"))
     configs.append(Config(f"ExactMatch(task='multilabel', num_labels={NUM_LABELS})"))
     configs += [Config(f"{name}()") for name in ("MeanSquaredError", "MeanAbsoluteError", "R2Score")]
-    # issue 11: the regression metrics whose forward/compute (KLDivergence: update) read the device
+    # the regression metrics whose forward/compute (KLDivergence: update) read the device
     configs.append(Config("R2Score(multioutput='raw_values')", "multioutput"))
     configs.append(Config("R2Score(adjusted=2)"))
     configs.append(Config("ExplainedVariance()"))
@@ -426,7 +426,7 @@ def catalogue(num_classes: int = NUM_CLASSES, num_labels: int = NUM_LABELS) -> l
         configs.append(Config(spec))
     configs.append(Config("SpearmanCorrCoef()"))
     configs.append(Config(f"SpearmanCorrCoef(num_outputs={OUTPUTS})", "multioutput"))
-    # issue 11: a wrapper, an image, a text and a segmentation metric
+    # a wrapper, an image, a text and a segmentation metric
     configs.append(Config("MinMaxMetric(MeanSquaredError())"))
     configs.append(Config("PeakSignalNoiseRatio(data_range=1.0)"))
     configs.append(Config("PeakSignalNoiseRatio(data_range=(0.0, 1.0), dim=(1, 2, 3), reduction='none')"))
@@ -437,7 +437,7 @@ def catalogue(num_classes: int = NUM_CLASSES, num_labels: int = NUM_LABELS) -> l
     return configs
 
 
-#: the retrieval rows of the catalogue (issue 11)
+#: the retrieval rows of the catalogue
 _RETRIEVAL_CATALOGUE = (
     "RetrievalMRR()",
     "RetrievalHitRate(top_k=3)",

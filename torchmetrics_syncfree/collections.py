@@ -1,4 +1,4 @@
-"""``MetricCollection.compute()`` under DDP: every member's states in one collective (issue 27).
+"""``MetricCollection.compute()`` under DDP: every member's states in one collective.
 
 What was wrong: stock ``MetricCollection.compute()`` computes its members one after the other, and each member's
 ``compute()`` syncs its own states, one state at a time (for each: a ``barrier``, an ``all_gather`` of its shape,

@@ -264,7 +264,7 @@ def _sync_dist(self: Any, dist_sync_fn: Callable | None = None, process_group: A
 
     """
     if dist_sync_fn is None or dist_sync_fn is stock(_GATHER) or dist_sync_fn is gather_all_tensors:
-        if sync_states([self], process_group or self.process_group):  # issue 27: one collective (two with lists)
+        if sync_states([self], process_group or self.process_group):  # one collective (two with lists)
             return
         dist_sync_fn = gather_all_tensors
     elif dist_sync_fn is not gather_all_tensors:
@@ -297,7 +297,7 @@ def _empty_list_states_on_cpu(metric: Any) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# issue 27: every state of one or many metrics in one collective (two with list states)
+# every state of one or many metrics in one collective (two with list states)
 
 #: dtypes by code, for the size exchange of variable-size states (the same table on every rank: same torch)
 _DTYPE_NAMES = (

@@ -1,4 +1,5 @@
-"""Issue 28's classes under DDP (2-rank gloo world): their new states and check counters sync as stock's states do.
+"""The breadth classes (the rest of TorchMetrics on a GPU) under DDP (2-rank gloo world): their new states and check
+counters sync as stock's states do.
 
 Each rank runs the same life on stock and on the patched metric (device path forced; the checks' host copy arrived,
 and still in flight): ``forward`` on two of its own batches, ``compute`` (states synced across the ranks), then one
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from tests import _ddp_world
-from tests.test_lifecycle_modes import ISSUE_28_CLASSES
+from tests.test_lifecycle_modes import BREADTH_CLASSES
 
 pytestmark = pytest.mark.ddp
 
@@ -53,7 +54,7 @@ def _runnable(name: str) -> bool:
     return not spec.skip
 
 
-def _issue28_world(rank: int, world_size: int) -> dict[str, Any]:
+def _breadth_world(rank: int, world_size: int) -> dict[str, Any]:
     import warnings
 
     import torchmetrics_syncfree
@@ -61,7 +62,7 @@ def _issue28_world(rank: int, world_size: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     warnings.simplefilter("ignore")  # which warnings reach the user, and when, is tested per area
-    for name in filter(_runnable, ISSUE_28_CLASSES):
+    for name in filter(_runnable, BREADTH_CLASSES):
         out[f"{name} stock"] = _life(name, rank)
         with torchmetrics_syncfree.patched():
             _deferred.force_device_path(True)
@@ -74,8 +75,8 @@ def _issue28_world(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_issue_28_classes_under_ddp_are_stocks(tmp_path: Path) -> None:
-    results = [res["_issue28_world@gloo"] for res in _ddp_world.run_world([("gloo", _issue28_world)], 2, tmp_path)]
+def test_breadth_classes_under_ddp_are_stocks(tmp_path: Path) -> None:
+    results = [res["_breadth_world@gloo"] for res in _ddp_world.run_world([("gloo", _breadth_world)], 2, tmp_path)]
     names = sorted({key.rsplit(" ", 1)[0] for key in results[0]})
     assert len(names) >= 30, names
     for rank, res in enumerate(results):
