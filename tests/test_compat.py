@@ -6,14 +6,23 @@ Every torch of the README's support matrix runs this file (``torch-oldest``, ``t
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
 from torchmetrics.aggregation import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score, MulticlassPrecision, MulticlassRecall
+from torchmetrics.classification import (
+    BinaryAccuracy,
+    MulticlassAccuracy,
+    MulticlassAUROC,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+    MulticlassPrecision,
+    MulticlassRecall,
+)
 
 import torchmetrics_syncfree
-from tests._probing import on_path
+from tests._probing import assert_sync_free_life, on_path
 from torchmetrics_syncfree import SyncProbe, _compat
 
 REPORT_CLASSES = 1000
@@ -64,6 +73,33 @@ def test_half_activations_match_the_float32_ones_rounded() -> None:
         activated = _compat.activated(scores, normalization)
         assert activated.dtype is torch.half
         torch.testing.assert_close(activated, reference.half(), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MulticlassAccuracy(5, average="macro"),
+        lambda: MulticlassConfusionMatrix(5),
+        lambda: MulticlassAUROC(5, thresholds=10),
+        lambda: BinaryAccuracy(),
+    ],
+    ids=["stat-scores", "confusion-matrix", "binned-auroc", "binary"],
+)
+def test_half_logits_are_sync_free_on_the_device_path(make: Any) -> None:
+    """Logits in half precision take the activations of ``_compat`` (float32 and back where this torch has no half
+    kernels on the CPU) inside a sync-free update and forward, with the values of the same logits in float32."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 5, generator=generator) * 4
+    target = torch.randint(5, (16,), generator=generator)
+    if isinstance(make(), BinaryAccuracy):
+        logits, target = logits[:, 0], target.clamp(max=1)
+    with torchmetrics_syncfree.patched(), on_path("device"):
+        half, single = make(), make()
+        assert_sync_free_life(half, [(logits.half(), target)] * 3)
+        single.update(logits.half().float(), target)
+        single(logits.half().float(), target)
+        single(logits.half().float(), target)
+        torch.testing.assert_close(half.compute(), single.compute(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.int64, torch.half, torch.float64])

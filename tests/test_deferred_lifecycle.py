@@ -504,3 +504,93 @@ def test_copy_interval_restarts_after_an_eager_point() -> None:
 def test_copy_interval_rejects_a_non_positive_interval() -> None:
     with pytest.raises(ValueError, match="positive"), _deferred.copy_interval(0):
         pass
+
+
+# --------------------------------------------------------------------------- a fill the input's dtype cannot hold --
+#: what most torch builds raise writing a fill beyond float16's range (``x[mask] = 1e5``); the 2.13 CPU wheel rounds
+#: to ``inf`` instead, so these tests make the package see a build that raises
+FILL_OVERFLOW = "value cannot be converted to type at::Half without overflow"
+HALF = torch.float16
+
+
+@pytest.fixture
+def build_refuses_the_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aggregators' per-dtype record of what this build raises, as on a build whose half writes fail."""
+    from torchmetrics_syncfree import aggregation
+
+    check = _deferred.Check("test.fill-overflow.float16", FILL_OVERFLOW, RuntimeError)
+    monkeypatch.setattr(aggregation, "_FILL_OVERFLOW", {HALF: check})
+    monkeypatch.setattr(aggregation, "_FILL_OVERFLOW_KINDS", frozenset({check}))
+
+
+def _update_with_unfillable_nan(metric: Any, path: str) -> None:
+    """A half batch with NaN and a fill of 1e5: the CPU path raises stock's error at once, the device path counts."""
+    if path == "cpu":
+        with pytest.raises(RuntimeError, match=FILL_OVERFLOW):
+            metric.update(t([NAN, 4.0], dtype=HALF))
+    else:
+        metric.update(t([NAN, 4.0], dtype=HALF))
+        assert int(getattr(metric, _deferred.STATE).sum()) == 1
+
+
+@pytest.mark.usefixtures("build_refuses_the_fill")
+def test_reset_after_an_unfillable_batch_starts_the_next_epoch_clean(path: str) -> None:
+    metric = SumMetric(nan_strategy=1e5)
+    metric.update(t([2.0], dtype=HALF))
+    _update_with_unfillable_nan(metric, path)
+    _raises_once(path, metric.reset, match=FILL_OVERFLOW)
+    metric.update(t([NAN, 3.0], dtype=torch.float32))  # the fill fits float32: imputed, as stock
+    assert metric.compute() == 3.0 + 1e5
+
+
+@pytest.mark.usefixtures("build_refuses_the_fill")
+@pytest.mark.parametrize(
+    "duplicate",
+    [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m)), lambda m: m.clone()],
+    ids=["deepcopy", "pickle", "clone"],
+)
+@pytest.mark.parametrize("metric_cls", [SumMetric, MeanMetric, CatMetric])
+def test_copies_carry_the_pending_unfillable_batch(path: str, duplicate: Any, metric_cls: type) -> None:
+    """The copy reports the error once and leaves the batch out of its value (``CatMetric`` too, in ``compute()``)."""
+    metric = metric_cls(nan_strategy=1e5)
+    metric.update(t([2.0], dtype=HALF))
+    _update_with_unfillable_nan(metric, path)
+    metric.update(t([6.0], dtype=HALF))
+    twin = duplicate(metric)
+    _raises_once(path, twin.compute, match=FILL_OVERFLOW)
+    _raises_once(path, metric.compute, match=FILL_OVERFLOW)
+    expected = {SumMetric: t(8.0), MeanMetric: t(4.0), CatMetric: t([2.0, 6.0])}[metric_cls]
+    torch.testing.assert_close(twin.compute(), expected)
+    torch.testing.assert_close(metric.compute(), expected)
+
+
+@pytest.mark.usefixtures("build_refuses_the_fill")
+def test_an_unfillable_batch_in_an_inference_mode_epoch(path: str) -> None:
+    """Lightning's validation loop: ``forward`` under ``torch.inference_mode()``, then ``compute()`` and ``reset()``
+    outside it; the next epoch runs the same way."""
+    metric = MeanMetric(nan_strategy=1e5)
+    for _ in range(2):
+        with torch.inference_mode():
+            metric(t([2.0], dtype=HALF))
+            if path == "cpu":
+                with pytest.raises(RuntimeError, match=FILL_OVERFLOW):
+                    metric(t([NAN, 4.0], dtype=HALF))
+            else:
+                metric(t([NAN, 4.0], dtype=HALF))
+            metric(t([6.0], dtype=HALF))
+        _raises_once(path, metric.compute, match=FILL_OVERFLOW)
+        assert metric.compute() == 4.0
+        metric.reset()
+
+
+@pytest.mark.usefixtures("build_refuses_the_fill")
+def test_a_compute_group_reports_an_unfillable_batch_once(path: str) -> None:
+    collection = MetricCollection({"sum": SumMetric(nan_strategy=1e5), "other": SumMetric(nan_strategy=1e5)})
+    collection.update(t([2.0], dtype=HALF))
+    if path == "cpu":
+        with pytest.raises(RuntimeError, match=FILL_OVERFLOW):
+            collection.update(t([NAN, 4.0], dtype=HALF))
+    else:
+        collection.update(t([NAN, 4.0], dtype=HALF))
+    _raises_once(path, collection.compute, match=FILL_OVERFLOW)
+    assert collection.compute() == {"sum": t(2.0), "other": t(2.0)}
