@@ -14,7 +14,7 @@ import pytest
 import torch
 import torchmetrics
 
-from torchmetrics_syncfree.audit import CALLS, CATALOGUE, MODES, _mode, build_metric, make_inputs
+from torchmetrics_syncfree.tools.audit import CALLS, CATALOGUE, MODES, _mode, build_metric, make_inputs
 
 LIST_STATE_ROUNDS = 300
 

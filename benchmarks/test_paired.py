@@ -15,7 +15,7 @@ Three sets of pairs:
   ``update`` and ``forward``;
 * ``test_paired_report_step``: the motivating report's metric step, ``MeanMetric(loss)`` plus multiclass
   ``Accuracy``/``Precision``/``Recall``/``F1Score`` (1000 classes, ``average='macro'``) updated with the logits of a
-  batch of 128 (the demo's :class:`~torchmetrics_syncfree.demo.MetricSet`).
+  batch of 128 (the demo's :class:`~torchmetrics_syncfree.tools.demo.MetricSet`).
 
 The realistic sizes run with one torch thread: with two, the OpenMP threads of a large op spin-wait for a core that
 the shared 2-core VM has given to another process, and a call's host time comes out as a multiple of the scheduler's
@@ -42,8 +42,8 @@ import torch
 import torchmetrics
 
 from torchmetrics_syncfree import _deferred, _registry
-from torchmetrics_syncfree.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
-from torchmetrics_syncfree.demo import MetricSet
+from torchmetrics_syncfree.tools.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
+from torchmetrics_syncfree.tools.demo import MetricSet
 
 ROUNDS = 50
 #: host time per block of calls: long enough to time well, short enough that the machine does not drift within it

@@ -14,10 +14,11 @@ from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from tests._probing import stock_counts_of_torch_2_13
-from torchmetrics_syncfree import SyncProbe, _deferred, audit
+from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree import patched as syncfree_patched
 from torchmetrics_syncfree.__main__ import main
-from torchmetrics_syncfree.audit import CATALOGUE, Config, SpecError, audit_config, parse_spec
+from torchmetrics_syncfree.tools import audit
+from torchmetrics_syncfree.tools.audit import CATALOGUE, Config, SpecError, audit_config, parse_spec
 
 TM_19 = compare_version("torchmetrics", operator.ge, "1.9.0") and compare_version("torchmetrics", operator.lt, "1.10.0")
 

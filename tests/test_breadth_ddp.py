@@ -22,7 +22,7 @@ pytestmark = pytest.mark.ddp
 
 
 def _life(name: str, rank: int) -> list[Any]:
-    from torchmetrics_syncfree import audit, census
+    from torchmetrics_syncfree.tools import audit, census
 
     spec = census.spec_for(name, census.exported_classes()[name])
     metric = spec.build() if spec.build is not None else audit.build_metric(spec.spec)
@@ -41,7 +41,7 @@ def _life(name: str, rank: int) -> list[Any]:
 
 
 def _runnable(name: str) -> bool:
-    from torchmetrics_syncfree import audit, census
+    from torchmetrics_syncfree.tools import audit, census
 
     classes = census.exported_classes()
     if name not in classes:

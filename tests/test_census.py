@@ -12,8 +12,8 @@ import pytest
 from lightning_utilities.core.imports import compare_version
 
 from tests._probing import stock_counts_of_torch_2_13
-from torchmetrics_syncfree import census
 from torchmetrics_syncfree.__main__ import main
+from torchmetrics_syncfree.tools import census
 
 TM_190 = compare_version("torchmetrics", operator.eq, "1.9.0")
 ROOT = Path(__file__).resolve().parent.parent

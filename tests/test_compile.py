@@ -26,7 +26,7 @@ from tests import _series_tree
 from tests._aggregation_cases import STRATEGIES
 from tests._probing import graph_breaks
 from tests.conftest import cuda
-from torchmetrics_syncfree.audit import build_metric, catalogue, make_inputs, parse_spec
+from torchmetrics_syncfree.tools.audit import build_metric, catalogue, make_inputs, parse_spec
 
 pytestmark = pytest.mark.compile
 

@@ -14,7 +14,8 @@ from torchmetrics.aggregation import CatMetric, MaxMetric, MeanMetric, MinMetric
 
 import torchmetrics_syncfree
 from tests._probing import syncs_are_errors
-from torchmetrics_syncfree import SyncProbe, audit, demo
+from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree.tools import audit, demo
 
 pytestmark = [
     pytest.mark.cuda,

@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from torchmetrics_syncfree import demo
 from torchmetrics_syncfree.__main__ import main
-from torchmetrics_syncfree.audit import registered_areas
+from torchmetrics_syncfree.tools import demo
+from torchmetrics_syncfree.tools.audit import registered_areas
 
 # the demo's command line and report: the same on every installed release (each area's sync counts are checked per
 # release by its own tests), so run with the latest release only (the `slow` marker's meaning in tox.ini)

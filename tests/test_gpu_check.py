@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from torchmetrics_syncfree import audit, demo, gpu_check
 from torchmetrics_syncfree.__main__ import main, parser
+from torchmetrics_syncfree.tools import audit, demo, gpu_check
 
 # the GPU check's command line and report, independent of the installed release: latest release only (see tox.ini)
 pytestmark = pytest.mark.slow

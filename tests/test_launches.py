@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from torchmetrics_syncfree import __main__ as cli
-from torchmetrics_syncfree import _compat, audit
-from torchmetrics_syncfree.launches import LaunchCounter, launches
+from torchmetrics_syncfree import _compat
+from torchmetrics_syncfree.tools import audit
+from torchmetrics_syncfree.tools.launches import LaunchCounter, launches
 
 CLASSES = (10, 1000)
 

@@ -34,7 +34,7 @@ from torchmetrics.classification import BinaryAccuracy
 
 import torchmetrics_syncfree
 from tests._probing import PATHS_WITH_FLIGHT, on_path
-from torchmetrics_syncfree import audit
+from torchmetrics_syncfree.tools import audit
 
 #: Grad modes of Lightning's stages: training, evaluation (the default) and evaluation with ``inference_mode=False``
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
@@ -248,7 +248,7 @@ BREADTH_CLASSES = (
 
 
 def _census_subject(name: str) -> Subject:
-    from torchmetrics_syncfree import census
+    from torchmetrics_syncfree.tools import census
 
     classes = census.exported_classes()
     if name not in classes:

@@ -22,7 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 import torchmetrics_syncfree
 from tests._probing import PATHS_WITH_FLIGHT, on_path
 from torchmetrics_syncfree import SyncProbe, _deferred
-from torchmetrics_syncfree.launches import count_launches
+from torchmetrics_syncfree.tools.launches import count_launches
 
 PREDS = torch.tensor([[0.1, 0.7, 0.2], [0.8, 0.1, 0.1], [0.2, 0.2, 0.6], [0.3, 0.4, 0.3]])
 TARGET = torch.tensor([1, 0, 1, 2])

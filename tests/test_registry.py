@@ -8,6 +8,7 @@ import importlib
 import inspect
 import pickle
 import pydoc
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -664,3 +665,15 @@ def test_the_areas_reach_stock_through_the_one_accessor() -> None:
             if isinstance(node, ast.FunctionDef) and node.name in ("_stock", "_original"):
                 offenders.append(f"{path.relative_to(package)}:{node.lineno} def {node.name}")
     assert offenders == []
+
+
+def test_patching_imports_none_of_the_tooling():
+    """``patch_all()`` and the patched ``torchmetrics`` load no module of ``torchmetrics_syncfree.tools`` (a fresh
+    interpreter, so the audit/census/demo modules this test session imports elsewhere do not count)."""
+    snippet = (
+        "import sys, torchmetrics_syncfree; torchmetrics_syncfree.patch_all(); import torchmetrics;"
+        " print(sorted(m for m in sys.modules if m.startswith('torchmetrics_syncfree.tools')))"
+    )
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

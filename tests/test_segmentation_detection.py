@@ -23,7 +23,7 @@ import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
 from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe, _deferred
-from torchmetrics_syncfree.launches import count_launches
+from torchmetrics_syncfree.tools.launches import count_launches
 
 C = 3
 #: (distance_metric, directed, spacing): every metric both ways, integer, mixed and float spacings

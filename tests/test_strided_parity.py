@@ -48,7 +48,8 @@ from torch.utils._pytree import tree_map
 
 import torchmetrics_syncfree
 from tests._aggregation_cases import TM_GE_1_7
-from torchmetrics_syncfree import SyncProbe, _deferred, audit
+from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree.tools import audit
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 PATHS = ("cpu", "device")

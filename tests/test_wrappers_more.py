@@ -21,7 +21,7 @@ from tests._classification_cases import assert_identical
 from tests._probing import graph_breaks
 from tests.test_wrapper_checks import DELAYS, _device_path
 from torchmetrics_syncfree import SyncProbe, _deferred, patched
-from torchmetrics_syncfree.launches import count_launches
+from torchmetrics_syncfree.tools.launches import count_launches
 
 
 def _regression(seed: int, n: int = 24) -> tuple[Tensor, Tensor]:

@@ -6,7 +6,7 @@ python tools/coverage_table.py --check    # README block == the table generated 
 python tools/coverage_table.py            # print the block generated from the record
 ```
 
-The census is ``python -m torchmetrics_syncfree audit --all`` (:mod:`torchmetrics_syncfree.census`); the record
+The census is ``python -m torchmetrics_syncfree audit --all`` (:mod:`torchmetrics_syncfree.tools.census`); the record
 keeps its counts and, per patched call, the distinct remaining syncs (op and library line; the command prints their
 source lines). ``--update`` needs torchmetrics 1.9.0 installed: the table describes that release. Which optional
 packages are installed decides which classes are skipped, so run it in the project's dev environment (scipy and
@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchmetrics_syncfree import census  # noqa: E402
+from torchmetrics_syncfree.tools import census  # noqa: E402
 
 README = ROOT / "README.md"
 VERSION = "1.9.0"

@@ -20,11 +20,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from torchmetrics_syncfree import gpu_check
-
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
-    from torchmetrics_syncfree.demo import VARIANTS
+    from torchmetrics_syncfree.tools.demo import VARIANTS
 
     p = sub.add_parser("demo", help="training loop: no metrics vs stock vs patched", description=_doc("demo"))
     p.add_argument("--steps", type=int, help="timed steps per variant (default: 200)")
@@ -143,11 +141,13 @@ def _audit_parser(sub: argparse._SubParsersAction) -> None:
 def _doc(name: str) -> str:
     import importlib
 
-    return importlib.import_module(f"torchmetrics_syncfree.{name}").__doc__.split("\n\n")[0]
+    return importlib.import_module(f"torchmetrics_syncfree.tools.{name}").__doc__.split("\n\n")[0]
 
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the command line, with its ``demo``, ``audit`` and ``gpu-check`` subcommands."""
+    from torchmetrics_syncfree.tools import gpu_check
+
     p = argparse.ArgumentParser(
         prog="torchmetrics-syncfree", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -160,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
 
 def run_demo_command(args: argparse.Namespace) -> int:
     """Run the demo and print its report (plot, JSON if asked); exit status 1 if ``--require-agreement`` fails."""
-    from torchmetrics_syncfree.demo import DemoConfig, format_report, plot, run_demo
+    from torchmetrics_syncfree.tools.demo import DemoConfig, format_report, plot, run_demo
 
     config = DemoConfig(
         steps=args.steps,
@@ -213,7 +213,7 @@ def _with_progress(name: str, run: Callable[[Callable[[int, int, str], None]], A
 
 def run_audit_command(args: argparse.Namespace) -> int:
     """Run the audit, print tables or JSON; exit status 2 if it cannot run, 1 if ``--strict`` fails."""
-    from torchmetrics_syncfree import audit
+    from torchmetrics_syncfree.tools import audit
 
     if args.launches:
         return _run_launch_audit(args)
@@ -244,7 +244,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
 
 
 def _run_census(args: argparse.Namespace) -> int:
-    from torchmetrics_syncfree import audit, census
+    from torchmetrics_syncfree.tools import audit, census
 
     try:
         rows = _with_progress("census", lambda progress: census.census(args.only, args.device, progress))
@@ -266,7 +266,7 @@ def _run_census(args: argparse.Namespace) -> int:
 
 
 def _run_launch_audit(args: argparse.Namespace) -> int:
-    from torchmetrics_syncfree import audit
+    from torchmetrics_syncfree.tools import audit
 
     try:
         results = audit.launch_audit(args.classes, args.metric, include_catalogue=args.catalogue)
@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         return run_demo_command(args)
     if args.command == "gpu-check":
+        from torchmetrics_syncfree.tools import gpu_check
+
         return gpu_check.main(args)
     return run_audit_command(args)
 

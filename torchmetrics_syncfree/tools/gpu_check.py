@@ -362,7 +362,7 @@ def _demo_body(data: dict[str, Any]) -> list[str]:
 
 
 def _audit_body(data: dict[str, Any]) -> list[str]:
-    from torchmetrics_syncfree.audit import CALLS
+    from torchmetrics_syncfree.tools.audit import CALLS
 
     results = data["results"]
     lines = [

@@ -362,7 +362,7 @@ class DemoReport:
 
 
 def _sources(events: Sequence[SyncEvent], steps: int) -> list[dict[str, Any]]:
-    from torchmetrics_syncfree.audit import short_location
+    from torchmetrics_syncfree.tools.audit import short_location
 
     counts = Counter((e.kind, e.location, e.source) for e in events)
     return [

@@ -10,7 +10,7 @@ Metric specifications are parsed, never evaluated: ``"Accuracy(task='binary')"``
 literal arguments only; a wrapper's base metric is a nested specification (``"MinMaxMetric(MeanSquaredError())"``).
 
 Example:
-    >>> from torchmetrics_syncfree.audit import audit
+    >>> from torchmetrics_syncfree.tools.audit import audit
     >>> [row] = audit(["MeanMetric()"], inputs="loss")
     >>> row.counts("stock")["update"] >= 1, row.counts("patched")["update"]
     (True, 0)
@@ -112,7 +112,7 @@ def parse_spec(spec: str) -> tuple[type, tuple[Any, ...], dict[str, Any]]:
         >>> parse_spec("__import__('os').system('true')")
         Traceback (most recent call last):
         ...
-        torchmetrics_syncfree.audit.SpecError: ...
+        torchmetrics_syncfree.tools.audit.SpecError: ...
 
     """
     try:
@@ -585,7 +585,7 @@ class LaunchResult:
 
 
 def _count_call_launches(config: Config) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    from torchmetrics_syncfree.launches import count_launches
+    from torchmetrics_syncfree.tools.launches import count_launches
 
     metric = build_metric(config.spec)
     args, kwargs = make_inputs(config.inputs, metric, torch.device("cpu"))

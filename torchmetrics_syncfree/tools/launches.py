@@ -18,7 +18,7 @@ the dispatcher's view, deterministic and equal for stock and patched code, which
 
 Example:
     >>> import torch
-    >>> from torchmetrics_syncfree.launches import LaunchCounter
+    >>> from torchmetrics_syncfree.tools.launches import LaunchCounter
     >>> x = torch.rand(8)
     >>> with LaunchCounter() as counter:
     ...     y = (x.view(2, 4) * 2).sum()

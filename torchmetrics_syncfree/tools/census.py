@@ -2,7 +2,7 @@
 
 ``python -m torchmetrics_syncfree audit --all`` walks ``torchmetrics`` and its sub-packages' ``__all__`` (deprecated
 top-level aliases, whose names start with ``_``, and the ``Metric`` base left out), builds every class from a small
-specification (:data:`SPECS`: batch :data:`~torchmetrics_syncfree.audit.BATCH`, 5 classes, default arguments
+specification (:data:`SPECS`: batch :data:`~torchmetrics_syncfree.tools.audit.BATCH`, 5 classes, default arguments
 otherwise: as a user tries a metric first) and counts with the :class:`~torchmetrics_syncfree.SyncProbe` the
 would-be syncs of ``update``, ``forward`` and ``compute`` in steady state (after one warm-up ``update``):
 
@@ -22,7 +22,7 @@ The per-family coverage table of the README is generated from the census of Torc
 block; ``--check`` compares them).
 
 Example:
-    >>> from torchmetrics_syncfree.census import census
+    >>> from torchmetrics_syncfree.tools.census import census
     >>> [row] = census(["MeanMetric"])
     >>> row.family, row.counts("stock")["update"] > 0, row.counts("patched")
     ('aggregation', True, {'update': 0, 'forward': 0, 'compute': 0})
@@ -46,8 +46,9 @@ from typing import Any
 
 import torch
 
-from torchmetrics_syncfree import _deferred, _registry, audit
+from torchmetrics_syncfree import _deferred, _registry
 from torchmetrics_syncfree.probe import HOST_WAIT, SyncEvent, SyncProbe
+from torchmetrics_syncfree.tools import audit
 
 CALLS = audit.CALLS
 MODES = audit.MODES
