@@ -2,7 +2,8 @@
 
 Stock counts every macro/weighted/none update into a ``C x C`` confusion matrix (80 GB of int64 at 100000 classes);
 the patched update counts hits and misses per target class and predictions per class. Allocations are deterministic
-(the bytes of every new tensor an update makes), so they are asserted here; time is the benchmarks' (README).
+(the bytes of every new tensor an update makes), so they are asserted here; time is the benchmarks'
+(``docs/measurements.md``).
 """
 
 from __future__ import annotations

@@ -16,16 +16,16 @@ must be stock's to the bit (``torch.equal``, NaN where stock's is, dtype, shape 
 Documented exceptions, each with its tolerance:
 
 * device path, AUROC/AveragePrecision/LogAUC computes, retrieval computes, Perplexity with ``ignore_index``: float
-  sums in another order (README, ``docs/classification.md``, ``docs/retrieval.md``, ``docs/other-metrics.md``;
+  sums in another order (``docs/classification.md``, ``docs/retrieval.md``, ``docs/other-metrics.md``;
   the same tolerances as those areas' own parity tests), and AUROC's float32 result where stock's is float64;
   LogAUC next to tied scores is not compared (stock's interpolation there depends on its unstable sort, and may
   raise);
 * device path, HingeLoss one-vs-all with column-major scores: the scores are normalised as stock does on an
   accelerator (``torch.where(..., softmax(preds), preds)``, a row-major tensor), so the per-class sums add in the
-  order stock's take on an accelerator, not on CPU (README, HingeLoss);
+  order stock's take on an accelerator, not on CPU (``docs/classification.md``, HingeLoss);
 * MatthewsCorrCoef is always float32 (stock: int64 for a perfect or inverted matrix);
 * device path, ``MeanMetric``/``SumMetric`` with ``"warn"``/``"ignore"`` on a batch that holds NaN: stock drops the
-  NaN entries (a data-dependent shape) and sums the rest in another order (README, "Deliberate deviations");
+  NaN entries (a data-dependent shape) and sums the rest in another order (``docs/families.md``, deviations);
   ``CatMetric``'s ``forward`` keeps them in its batch value. Without NaN, and on the CPU path with NaN, bit parity.
 
 Runtime: ~45 s in one process on the project's 2-core machine (~100 configurations x 28 layouts and dtypes, plus 7
@@ -192,7 +192,8 @@ def _tolerance(config: audit.Config, strategy: Any, case: tuple, path: str) -> t
     ``None``: not compared (the documented deviation of LogAUC next to tied scores, where stock may also raise).
     """
     if config.spec.startswith("MatthewsCorrCoef"):
-        return 0.0, True  # always float32; stock's is int64 for a perfect or inverted matrix (README, deviations)
+        # always float32; stock's is int64 for a perfect or inverted matrix (``docs/classification.md``, deviations)
+        return 0.0, True
     if path != "device":
         return 0.0, False
     if config.area == "logauc" and _tied_scores(config, case):
@@ -206,7 +207,7 @@ def _tolerance(config: audit.Config, strategy: Any, case: tuple, path: str) -> t
     if config.area == "hinge" and "one-vs-all" in config.spec and case[0] in ("transposed", "transposed-column"):
         # the device path normalises the scores as stock does on an accelerator (``torch.where(any_logits,
         # softmax(preds), preds)``: a row-major tensor); stock on CPU keeps the caller's column-major probabilities,
-        # and sums the per-class losses in that order (README, HingeLoss)
+        # and sums the per-class losses in that order (``docs/classification.md``, HingeLoss)
         return 1e-6, False
     if case[3] and strategy in ("warn", "ignore") and config.spec.startswith(("Mean", "Sum")):
         return 1e-5, False  # stock drops the NaN entries and sums the rest in another order
