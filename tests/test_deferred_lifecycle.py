@@ -516,6 +516,8 @@ HALF = torch.float16
 @pytest.fixture
 def build_refuses_the_fill(monkeypatch: pytest.MonkeyPatch) -> None:
     """The aggregators' per-dtype record of what this build raises, as on a build whose half writes fail."""
+    if os.environ.get(_series_tree.TREE_ENV):
+        pytest.skip("the per-build record of an overflowing fill is the layer's; the series' aggregation has none")
     from torchmetrics_syncfree import aggregation
 
     check = _deferred.Check("test.fill-overflow.float16", FILL_OVERFLOW, RuntimeError)

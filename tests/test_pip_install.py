@@ -34,6 +34,8 @@ def test_a_network_fault_is_retried_after_a_pause(failures: int, capsys: pytest.
     code, commands, pauses = _install_with_codes([1] * failures + [0])
     assert code == 0
     assert len(commands) == failures + 1
+    retry = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "-r", "requirements.txt"]
+    assert commands[1:] == [retry] * failures  # a cut-off copy in pip's cache fails every attempt that reads it
     assert pauses == list(pip_install.PAUSES_S[:failures])
     assert capsys.readouterr().err.count("pip_install: pip exited with 1") == failures
 
