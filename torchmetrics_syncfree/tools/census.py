@@ -25,7 +25,7 @@ Example:
     >>> from torchmetrics_syncfree.tools.census import census
     >>> [row] = census(["MeanMetric"])
     >>> row.family, row.counts("stock")["update"] > 0, row.counts("patched")
-    ('aggregation', True, {'update': 0, 'forward': 0, 'compute': 0})
+    ('aggregation', True, {'update': 0, 'forward': 0, 'compute': 1})
 
 """
 
