@@ -11,6 +11,7 @@ torch is pinned by constraints/cpu.txt. Everything it creates is git-ignored.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -19,6 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".bootstrap" / "venv"
 TOX = "tox>=4.20,<5"
+# what the default envlist's environments hold at their peak (tm17-19, one upstream and one support-matrix folder at a
+# time, lightning): about 12 GB; below this, pip fails deep inside an environment with "No space left on device"
+SUITE_DISK_BYTES = 15 * 2**30
 
 
 def _python() -> Path:
@@ -40,6 +44,13 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test"):
         print(__doc__)
         return 2
+    free = shutil.disk_usage(ROOT).free
+    if argv[0] == "test" and free < SUITE_DISK_BYTES:
+        print(
+            f"bootstrap: warning: {free / 2**30:.1f} GB free under {ROOT}; the whole suite's environments need about"
+            f" {SUITE_DISK_BYTES / 2**30:.0f} GB",
+            flush=True,
+        )
     python = ensure_tox()
     command, rest = argv[0], argv[1:]
     tox_args = ["-e", "demo", "--", *rest] if command == "demo" else rest
