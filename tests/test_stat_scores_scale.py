@@ -8,6 +8,7 @@ the patched update counts hits and misses per target class and predictions per c
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import Any
 
@@ -73,11 +74,24 @@ def _inputs(num_classes: int, scores: bool, ignore_index: int | None = None) -> 
     return preds, target
 
 
+def _top_k_labels(preds: torch.Tensor, target: torch.Tensor, top_k: int) -> list[int]:
+    """The class each entry predicts with ``top_k``, in Python: its target where the target is among its ``top_k``
+    highest scores, else its highest score's class (TorchMetrics' top-k rule).
+    """
+    ranked = [heapq.nlargest(top_k, range(len(row)), key=row.__getitem__) for row in preds.tolist()]
+    return [truth if truth in top else top[0] for top, truth in zip(ranked, target.tolist())]
+
+
 def _reference_stats(
-    preds: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int | None
+    preds: torch.Tensor | list[int], target: torch.Tensor, num_classes: int, ignore_index: int | None
 ) -> torch.Tensor:
-    """tp/fp/tn/fn per class by counting in Python, entry by entry: independent of any tensor counting."""
-    labels = (preds.argmax(1) if preds.is_floating_point() else preds).tolist()
+    """tp/fp/tn/fn per class by counting in Python, entry by entry: independent of any tensor counting.
+
+    ``preds``: scores (their argmax predicts), labels, or the labels of :func:`_top_k_labels`.
+    """
+    if not isinstance(preds, list):
+        preds = (preds.argmax(1) if preds.is_floating_point() else preds).tolist()
+    labels = preds
     tp, fp, fn = [0] * num_classes, [0] * num_classes, [0] * num_classes
     counted = 0
     for label, truth in zip(labels, target.tolist()):
@@ -134,19 +148,82 @@ def test_the_counts_at_100000_classes_are_the_entries_counted_one_by_one(
         assert torch.equal(stats, 2 * _reference_stats(preds, target, num_classes, ignore_index)), path
 
 
-@pytest.mark.parametrize("average", ["macro", "weighted", "none"])
-@pytest.mark.parametrize("scores", [True, False], ids=["scores", "labels"])
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+@pytest.mark.parametrize("average", ["macro", "micro"])
 @pytest.mark.parametrize("name", STAT_SCORE_METRICS)
-def test_stocks_values_at_1000_classes(name: str, scores: bool, average: str) -> None:
-    """Where stock still runs (a 1000 x 1000 matrix per update): its values, on every path."""
+def test_a_top_5_update_at_100000_classes_allocates_under_10_mib(
+    name: str, average: str, path: str, syncfree: Any
+) -> None:
+    """``top_k > 1``: O(batch x top_k + classes); stock one-hot encodes the batch twice (153 MB here)."""
+    num_classes = 100_000
+    metric = _make(name, num_classes, average=average, top_k=5)
+    preds, target = _inputs(num_classes, scores=True)
+    with on_path(path):
+        metric.update(preds, target)
+        allocated = _allocated_by(lambda: metric.update(preds, target))
+        if path != "cpu":
+            with SyncProbe() as probe:
+                metric.update(preds, target)
+                metric(preds, target)
+            assert probe.count == 0, probe.events
+    assert allocated < 10 * MIB, f"{allocated / MIB:.1f} MiB"
+
+
+def test_the_top_5_counts_at_100000_classes_are_the_entries_counted_one_by_one(syncfree: Any) -> None:
+    num_classes = 100_000
+    preds, target = _inputs(num_classes, scores=True)
+    preds[1::4, 7] = preds[1::4].amax(1) - 1e-3  # second in those rows: a hit where the target is 7, else a miss
+    target[1::8] = 7
+    labels = _top_k_labels(preds, target, top_k=5)
+    assert labels != preds.argmax(1).tolist()  # some targets are hits in the top 5 but not first
+    for ignore_index in (None, 3, -1):
+        target = target.clone()
+        if ignore_index is not None:
+            target[::7] = ignore_index
+        expected = _reference_stats(labels, target, num_classes, ignore_index)
+        for path in PATHS_WITH_FLIGHT:
+            metric = _make("MulticlassStatScores", num_classes, average="none", ignore_index=ignore_index, top_k=5)
+            with on_path(path):
+                metric.update(preds, target)
+                stats = torch.stack((metric.tp, metric.fp, metric.tn, metric.fn))
+            assert torch.equal(stats, expected), (path, ignore_index)
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+def test_a_samplewise_update_allocates_a_fraction_of_stocks(top_k: int, path: str) -> None:
+    """``multidim_average="samplewise"``: O(entries + samples x classes), the size of its result, not of a one-hot."""
+    num_classes, positions = 1000, 64
+    generator = torch.Generator().manual_seed(0)
+    preds = torch.rand(8, num_classes, positions, generator=generator)
+    target = torch.randint(num_classes, (8, positions), generator=generator)
+    stock = _make("MulticlassRecall", num_classes, multidim_average="samplewise", top_k=top_k, average="none")
+    stock.update(preds, target)
+    stock_bytes = _allocated_by(lambda: stock.update(preds, target))
+    with torchmetrics_syncfree.patched():
+        metric = _make("MulticlassRecall", num_classes, multidim_average="samplewise", top_k=top_k, average="none")
+        with on_path(path):
+            metric.update(preds, target)
+            patched_bytes = _allocated_by(lambda: metric.update(preds, target))
+            assert torch.equal(metric.compute(), stock.compute()), path
+    assert patched_bytes * 8 < stock_bytes, (patched_bytes, stock_bytes)
+
+
+@pytest.mark.parametrize(
+    ("top_k", "scores"), [(1, True), (1, False), (3, True)], ids=["scores", "labels", "scores-top3"]
+)
+@pytest.mark.parametrize("average", ["macro", "weighted", "none", "micro"])
+@pytest.mark.parametrize("name", STAT_SCORE_METRICS)
+def test_stocks_values_at_1000_classes(name: str, scores: bool, top_k: int, average: str) -> None:
+    """Where stock still runs (a 1000 x 1000 matrix, or a batch x 1000 one-hot, per update): its values, every path."""
     num_classes = 1000
     preds, target = _inputs(num_classes, scores, ignore_index=7)
-    stock = _make(name, num_classes, average=average, ignore_index=7)
+    stock = _make(name, num_classes, average=average, ignore_index=7, top_k=top_k)
     stock.update(preds, target)
     expected = stock.compute()
     with torchmetrics_syncfree.patched():
         for path in PATHS_WITH_FLIGHT:
-            metric = _make(name, num_classes, average=average, ignore_index=7)
+            metric = _make(name, num_classes, average=average, ignore_index=7, top_k=top_k)
             with on_path(path):
                 metric.update(preds, target)
                 assert torch.equal(metric.compute(), expected), path

@@ -27,8 +27,12 @@ class), ``target[idx] = -1`` (binary/multilabel),    (micro), routed to the drop
                                                      update, a deferred check (``_deferred.record``): raised at
                                                      once on CPU; on the device path the invalid batch is left
                                                      out and reported at an eager point
-``torch.nn.functional.one_hot`` (checks min/max on   comparison with ``arange(C)`` (top_k > 1, samplewise)
-the host on CPU; device assert on CUDA)
+``top_k > 1`` and samplewise: one-hot encodings of   the same counting in O(entries x top_k + classes): an
+preds and target, ``batch x C`` each (checks         entry predicts its target where the target is among its
+min/max on the host on CPU; device assert on CUDA)   ``top_k`` scores, else its top score (stock's refined
+                                                     one-hot, as labels); samplewise, each sample counted in
+                                                     its own cells. XLA/MPS: one-hot by comparison with
+                                                     ``arange(C)``
 stock ``_update_state`` (1.7+): ``self.tp + tp``     in place (``add_``): a captured CUDA graph replays into the
                                                      metric's own tensors
 ``normalize_logits_if_needed`` on CPU:               the device path (``torch.where``) whenever a CPU
@@ -59,6 +63,8 @@ Deliberate deviations from stock (tested in ``tests/test_classification_parity.p
 * with ``validate_args=False``, out-of-range multiclass labels are dropped from the per-class counts (macro,
   weighted, none, ``top_k > 1``, samplewise; stock fails in ``reshape``/``one_hot`` or silently counts them in the
   wrong cell; on CUDA ``one_hot`` hits a device assert); micro averaging counts them as misses, like stock;
+* with ``top_k > 1`` and inputs of more than one position per sample (``(N, C, ...)`` scores), TorchMetrics 1.6
+  fails in ``scatter_`` (its top-k refinement squeezes the inputs); the layer counts them as 1.7 and later do;
 * NaN in a float multiclass target is no class label: validation rejects it like any other (stock counts it as a
   miss in micro averaging and wraps it into some cell of its confusion matrix);
 * a label ``pred`` equal to an ``ignore_index`` outside the classes predicts no class: a miss of the target's class
@@ -653,7 +659,13 @@ def _lean_confusion(
 
 
 def _class_counts(
-    labels: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, checked: bool, from_scores: bool
+    labels: Tensor,
+    target: Tensor,
+    num_classes: int,
+    ignore_index: int | None,
+    checked: bool,
+    from_scores: bool,
+    samplewise: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """tp/fp/tn/fn per class as one ``(4, C)`` block, counted in O(entries + classes), and the count of bad targets.
 
@@ -671,13 +683,16 @@ def _class_counts(
         checked: the batch is valid, or is left out whole when it is not (validated): only ignored entries weigh 0.
             Unchecked (``validate_args=False``), an entry whose target or label is no class is in no count (a label
             equal to an ``ignore_index`` outside the classes predicts no class: a miss of its target, no class's fp).
-        from_scores: ``labels`` is an argmax over the classes, a class each.
+        from_scores: ``labels`` is an argmax over the classes (or a top-k pick), a class each.
+        samplewise: ``labels`` and ``target`` are ``(N, ...)``: each sample is counted in its own ``3 * (C + 1)``
+            cells, and the block is ``(4, N, C)``.
 
     Returns:
-        The ``(4, C)`` block (rows tp, fp, tn, fn) and, 0-dim, the number of entries whose target is no class (with
-        ``from_scores``, where no label can equal such a target; of the entries that weigh 1).
+        The ``(4, C)`` block (rows tp, fp, tn, fn) and, 0-dim (``(N,)`` samplewise), the number of entries whose
+        target is no class (with ``from_scores``, where no label can equal such a target; of the entries that weigh 1).
 
     """
+    samples = target.shape[0] if samplewise else 1
     labels, target = _flat_long(labels), _flat_long(target)
     width = num_classes + 1
     every_entry_counts = checked and ignore_index is None
@@ -687,19 +702,48 @@ def _class_counts(
         weights = (target != ignore_index).long()
     else:
         weights = _counted_entries(labels, target, num_classes, ignore_index, from_scores).long()
-    cells = torch.zeros(3 * width, dtype=torch.long, device=target.device)
-    pairs = labels.eq(target).add(target.clamp(-1, num_classes), alpha=2)  # in [-2, 2 * C + 2)
-    cells.narrow(0, 0, 2 * width).put_(pairs, weights, accumulate=True)
+    block = 3 * width
+    cells = torch.zeros(samples * block, dtype=torch.long, device=target.device)
+    hit = labels.eq(target)
+    target = target.clamp(-1, num_classes)
     predicted_labels = labels if from_scores else labels.clamp(-1, num_classes)
-    cells.narrow(0, 2 * width, width).put_(predicted_labels, weights, accumulate=True)
+    if samplewise:
+        # each sample's cells start at its own offset, so a label that is no class goes to its sample's sink (``C``),
+        # not counted back from the end of the buffer
+        offsets = torch.arange(0, samples * block, block, device=cells.device).unsqueeze(1)
+        pairs = hit.add(target.remainder(width), alpha=2).view(samples, -1).add(offsets)
+        cells.put_(pairs, weights, accumulate=True)
+        predicted_labels = predicted_labels.remainder(width).view(samples, -1).add(offsets.add(2 * width))
+        cells.put_(predicted_labels, weights, accumulate=True)
+        shape: tuple[int, ...] = (samples, num_classes)
+        strides: tuple[int, ...] = (block, 2)
+    else:
+        cells.narrow(0, 0, 2 * width).put_(hit.add(target, alpha=2), weights, accumulate=True)  # in [-2, 2 * C + 2)
+        cells.narrow(0, 2 * width, width).put_(predicted_labels, weights, accumulate=True)
+        shape, strides = (num_classes,), (2,)
     # ``as_strided`` views of the buffer: a third of the host time of slicing it row by row (this runs every update)
-    misses = cells.as_strided((num_classes,), (2,), 0)
-    hits = cells.as_strided((num_classes,), (2,), 1)
-    predicted = cells.as_strided((num_classes,), (1,), 2 * width)
+    misses = cells.as_strided(shape, strides, 0)
+    hits = cells.as_strided(shape, strides, 1)
+    predicted = cells.as_strided(shape, strides[:-1] + (1,), 2 * width)
     # the entries counted: every one, or the misses and hits of the classes (ignored entries and sinks left out)
-    counted = target.numel() if every_entry_counts else cells.narrow(0, 0, 2 * num_classes).sum()
+    if samplewise:
+        counted: Tensor | int = cells.as_strided((samples, 2 * num_classes), (block, 1)).sum(-1, keepdim=True)
+    elif every_entry_counts:
+        counted = target.numel()
+    else:
+        counted = cells.narrow(0, 0, 2 * num_classes).sum()
     stats = torch.stack((hits, predicted - hits, torch.rsub(predicted, counted) - misses, misses))
-    return stats, cells.as_strided((), (), 2 * num_classes)
+    return stats, cells.as_strided(shape[:-1], strides[:-1], 2 * num_classes)
+
+
+def _top_k_labels(preds: Tensor, target: Tensor, top_k: int) -> Tensor:
+    """The label each entry of scores ``preds`` (N, C, ...) predicts with ``top_k > 1``, O(entries x top_k).
+
+    Its target where the target is among its ``top_k`` highest scores, else its highest: stock's refined one-hot
+    prediction (``_refine_preds_oh``) as labels, ties broken by the same ``topk``.
+    """
+    top = preds.topk(top_k, dim=1).indices
+    return torch.where((top == target.unsqueeze(1)).any(1), target, top.select(1, 0))
 
 
 def _counted_entries(
@@ -817,42 +861,49 @@ def _multiclass_stat_scores_update(
     ignore_index: int | None = None,
     validated: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Stock's statistics with fixed-shape ops only (see the module docstring).
+    """Stock's statistics with fixed-shape ops only, in O(entries x top_k + classes) (see the module docstring).
 
-    ``validated``: the labels were just validated by the metric's update. Where host reads are free (CPU) that means
-    they were read (a bad label has raised already), so they need no masking; the one-hot path (``top_k > 1``,
-    samplewise) then runs stock's code, which is the cheapest there.
+    ``validated``: the labels were just validated by the metric's update: they are all classes (read where reads are
+    free), or the update leaves the batch out whole when they are not.
     """
-    labels_checked = validated and _deferred.reads_are_free(preds)
-    if multidim_average != "samplewise" and top_k == 1:
-        if average == "micro":
-            return _micro_counts(preds, target, num_classes, ignore_index)
-        if _XLA or preds.is_mps:  # no ``put_`` there: upstream's fixed-shape mesh counting
+    samplewise = multidim_average == "samplewise"
+    if top_k == 1 and average == "micro" and not samplewise:
+        return _micro_counts(preds, target, num_classes, ignore_index)
+    if _XLA or preds.is_mps:  # no ``put_`` there: upstream's fixed-shape mesh counting, or the one-hot comparison
+        if top_k == 1 and not samplewise:
+            labels_checked = validated and _deferred.reads_are_free(preds)
             return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
-        # validated: the labels were read (CPU) or the batch is left out whole when they are not all classes
-        stats, _ = _class_counts(preds, target, num_classes, ignore_index, checked=validated, from_scores=False)
-        return stats.unbind()
-    if labels_checked and (ignore_index is None or 0 <= ignore_index < num_classes):
-        return stock(f"{_FUNCTIONAL}._multiclass_stat_scores_update")(
-            preds, target, num_classes, top_k, average, multidim_average, ignore_index
-        )
-    return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
+        return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
+    if top_k == 1:
+        labels, from_scores = preds, False
+    elif preds.ndim == target.ndim + 1 and preds.is_floating_point():
+        labels, from_scores = _top_k_labels(preds, target, top_k), True
+    else:  # ``top_k > 1`` over labels, which stock's validation rejects: what stock's one-hot code makes of them
+        return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
+    stats, _ = _class_counts(labels, target, num_classes, ignore_index, validated, from_scores, samplewise)
+    return stats.unbind()
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # the metrics: updates that pass themselves to the validation, leave invalid batches out, report at their end
 
 
-def _without_invalid(invalid: Tensor | None, *counts: Tensor) -> tuple[Tensor, ...]:
+def _without_invalid(invalid: Tensor | None, *counts: Tensor, in_place: bool = False) -> tuple[Tensor, ...]:
     """The counts of an update, all zero when its validation flag is set (the batch never enters the state).
 
     More than two integer counts (tp/fp/tn/fn) are multiplied by "valid" in one ``torch._foreach_mul``: two launches
-    on CUDA instead of one per count (a float count may hold NaN, which only ``masked_fill`` clears).
+    on CUDA instead of one per count (a float count may hold NaN, which only ``masked_fill`` clears). ``in_place``:
+    the counts are the update's own, zeroed where they are (no second set of counts allocated).
     """
     if invalid is None:
         return counts
     if len(counts) > 2 and not counts[0].is_floating_point() and FOREACH_MUL_BY_TENSOR:
+        if in_place:
+            torch._foreach_mul_(counts, invalid.logical_not())
+            return counts
         return tuple(torch._foreach_mul(counts, invalid.logical_not()))
+    if in_place:
+        return tuple(count.masked_fill_(invalid, 0) for count in counts)
     return tuple(count.masked_fill(invalid, 0) for count in counts)
 
 
@@ -945,7 +996,7 @@ def _multiclass_update_by_functional(self: Any, preds: Tensor, target: Tensor) -
         self.ignore_index,
         validated=self.validate_args,
     )
-    self._update_state(*_without_invalid(invalid, tp, fp, tn, fn))
+    self._update_state(*_without_invalid(invalid, tp, fp, tn, fn, in_place=True))
     _deferred.sweep(self)
 
 
