@@ -788,24 +788,40 @@ def _flat_long(labels: Tensor) -> Tensor:
     return labels if labels.dtype == torch.long else labels.long()
 
 
-def _micro_counts(
-    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Summed tp/fp/tn/fn; ignored entries are masked out of the sums instead of being removed.
+def _micro_block(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
+    """tp/fp/tn/fn summed over the classes, as one ``(4, 1)`` block (the rows in the micro states' shape).
 
-    Every counted entry is a hit or a miss: a miss is one fp and one fn, every other class of the entry a tn, so
-    ``tn = (C - 1) * counted - misses`` (stock's ``C * counted - (fp + fn + tp)``, in fewer ops).
+    Every counted entry is a hit or a miss: a miss is one fp and one fn, every other class of the entry a tn, so with
+    ``tp`` hits of ``counted`` entries the block is ``offsets + signs * tp``: fp and fn ``counted - tp``, tn
+    ``(C - 2) * counted + tp`` (stock's ``C * counted - (fp + fn + tp)``) in one ``addcmul``. Ignored entries are
+    masked out of the sums instead of being removed.
     """
+    device = target.device
     correct = preds == target
+    signs = _cached(device, "micro signs", lambda: _micro_column(device, 1, -1, 1))
     if ignore_index is None:
-        counted: Tensor | int = preds.numel()
+        counted = target.numel()
+        offsets = _cached(
+            device,
+            ("micro offsets", counted, num_classes),
+            lambda: _micro_column(device, 0, counted, (num_classes - 2) * counted),
+        )
     else:
         kept = target != ignore_index
         correct &= kept
-        counted = kept.sum()
-    tp = correct.sum()
-    fp = torch.rsub(tp, counted)
-    return tp, fp, torch.rsub(fp, (num_classes - 1) * counted), fp.clone()
+        per_entry = _cached(
+            device, ("micro per entry", num_classes), lambda: _micro_column(device, 0, 1, num_classes - 2)
+        )
+        offsets = per_entry * kept.sum()
+    return torch.addcmul(offsets, signs, correct.sum())
+
+
+def _micro_column(device: torch.device, tp: int, fp_and_fn: int, tn: int) -> Tensor:
+    """The int64 column ``(tp, fp_and_fn, tn, fp_and_fn)``, made on ``device`` by fills (no copy from the host)."""
+    column = torch.full((4, 1), fp_and_fn, dtype=torch.long, device=device)
+    column[0] = tp
+    column[2] = tn
+    return column
 
 
 def _one_hot_counts(
@@ -868,7 +884,7 @@ def _multiclass_stat_scores_update(
     """
     samplewise = multidim_average == "samplewise"
     if top_k == 1 and average == "micro" and not samplewise:
-        return _micro_counts(preds, target, num_classes, ignore_index)
+        return _micro_block(preds, target, num_classes, ignore_index).flatten().unbind()
     if _XLA or preds.is_mps:  # no ``put_`` there: upstream's fixed-shape mesh counting, or the one-hot comparison
         if top_k == 1 and not samplewise:
             labels_checked = validated and _deferred.reads_are_free(preds)
@@ -942,17 +958,11 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
 @replaces(_MULTICLASS_UPDATE, params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
     num_classes = self.num_classes
-    if (
-        self.top_k != 1
-        or self.average == "micro"
-        or self.multidim_average != "global"
-        or num_classes is None
-        or _XLA
-        or preds.is_mps
-    ):
+    if self.top_k != 1 or self.multidim_average != "global" or num_classes is None or _XLA or preds.is_mps:
         _multiclass_update_by_functional(self, preds, target)
         return
-    if preds.ndim == target.ndim + 1 and preds.is_floating_point() and not target.is_floating_point():
+    micro = self.average == "micro"
+    if not micro and preds.ndim == target.ndim + 1 and preds.is_floating_point() and not target.is_floating_point():
         # scores: the argmax is a class, so the counting's sink finds every target that is no class (the validation)
         if self.validate_args:
             _multiclass_shape_checks(preds, target, num_classes, self.multidim_average)
@@ -971,7 +981,12 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
                 preds, target, num_classes, self.multidim_average, self.ignore_index, metric=self
             )
         preds, target = _multiclass_stat_scores_format(preds, target, 1)
-        stats, _ = _class_counts(preds, target, num_classes, self.ignore_index, self.validate_args, from_scores=False)
+        if micro:
+            stats = _micro_block(preds, target, num_classes, self.ignore_index)
+        else:
+            stats, _ = _class_counts(
+                preds, target, num_classes, self.ignore_index, self.validate_args, from_scores=False
+            )
         if invalid is not None:
             stats.masked_fill_(invalid, 0)  # in place: the invalid batch is left out
     add_to_states(self, _STAT_STATES, stats)
@@ -979,7 +994,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
 
 
 def _multiclass_update_by_functional(self: Any, preds: Tensor, target: Tensor) -> None:
-    """``top_k > 1``, micro, samplewise (and XLA, MPS): the patched functional counting, an invalid batch left out."""
+    """``top_k > 1``, samplewise (and XLA, MPS): the patched functional counting, an invalid batch left out."""
     invalid = None
     if self.validate_args:
         invalid = _multiclass_stat_scores_tensor_validation(
