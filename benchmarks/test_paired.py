@@ -11,8 +11,12 @@ Three sets of pairs:
 
 * ``test_paired_host_time``: the audit's catalogue (batch 32, 5 classes, 4 labels), ``update``/``forward``/``compute``;
 * ``test_paired_host_time_at_size``: where users are: multiclass ``Accuracy`` (micro) and ``F1Score`` (macro) at
-  10, 100 and 1000 classes x batch 32, 256 and 1024, binary at batch 1024 and multilabel at 100 labels x batch 256,
+  10, 100 and 1000 classes x batch 32, 256 and 1024 and at 100 classes x batch 4096, ``Accuracy`` at 10000 and 100000
+  classes, with ``top_k=5`` at 1000 and 10000, binary at batch 1024 and multilabel at 100 labels x batch 256,
   ``update`` and ``forward``;
+
+Every pair also records the bytes one call allocates, stock and patched (``stock_bytes``/``patched_bytes``: the new
+tensors' storages, deterministic, an upper bound of the call's peak memory).
 * ``test_paired_report_step``: the motivating report's metric step, ``MeanMetric(loss)`` plus multiclass
   ``Accuracy``/``Precision``/``Recall``/``F1Score`` (1000 classes, ``average='macro'``) updated with the logits of a
   batch of 128 (the demo's :class:`~torchmetrics_syncfree.tools.demo.MetricSet`).
@@ -42,6 +46,7 @@ import torch
 import torchmetrics
 
 from torchmetrics_syncfree import _deferred, _registry
+from torchmetrics_syncfree.tools.allocations import allocated_by
 from torchmetrics_syncfree.tools.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
 from torchmetrics_syncfree.tools.demo import MetricSet
 
@@ -66,8 +71,20 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in BATCH_SIZES
     ),
     (Config("Accuracy(task='binary')"), 1024),
-    # where classes are many: stock counts a C x C matrix per update (0.6 s at 10000 classes on one CPU thread)
+    # the defaults at a large batch
+    *(
+        (Config(f"{name}(task='multiclass', num_classes=100)"), 4096)
+        for name in ("Accuracy", "F1Score")  # micro and macro: each metric's default average
+    ),
+    # where classes are many: stock counts a C x C matrix per update (0.6 s at 10000 classes on one CPU thread; at
+    # 100000 classes its 80 GB do not fit: no pair), and one-hot encodes the batch twice with top_k > 1
     (Config("F1Score(task='multiclass', num_classes=10000, average='macro')"), 128),
+    *((Config(f"Accuracy(task='multiclass', num_classes={classes})"), 128) for classes in (10000, 100000)),
+    *(
+        (Config(f"Accuracy(task='multiclass', num_classes={classes}, top_k=5, average={average!r})"), 128)
+        for classes in (1000, 10000)
+        for average in ("micro", "macro")
+    ),
     (Config("F1Score(task='multilabel', num_labels=100, average='macro')"), 256),
     # the confusion-matrix family: its update is shared by CohenKappa, MatthewsCorrCoef and JaccardIndex
     *(
@@ -208,6 +225,14 @@ def _measure_pair(
             torch.testing.assert_close(getattr(patched_metric, name), getattr(stock_metric, name), equal_nan=True)
     if benchmark.disabled:
         return
+    # memory: the bytes of the new tensors of one call (deterministic; an upper bound of the call's peak)
+    stock_bytes = allocated_by(stock.call)
+    _registry.patch_all()
+    try:
+        with _device_path(device_path):
+            patched_bytes = allocated_by(patched.call)
+    finally:
+        _registry.unpatch_all()
     patched_rounds = benchmark.stats.stats.data
     pairs = list(zip(stock_rounds[-len(patched_rounds) :], patched_rounds))  # the warm-up round has no timing
     benchmark.group = f"paired :: {info['call']}"
@@ -219,6 +244,8 @@ def _measure_pair(
             "stock_median": statistics.median(s for s, _ in pairs) / size,
             "patched_median": statistics.median(p for _, p in pairs) / size,
             "ratio": statistics.median(p / s for s, p in pairs),
+            "stock_bytes": stock_bytes,
+            "patched_bytes": patched_bytes,
             "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "torchmetrics": torchmetrics.__version__,

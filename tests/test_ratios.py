@@ -36,10 +36,12 @@ def _write(tmp_path, benchmarks):
     return path
 
 
-def _paired(config, call, area, ratio, medians=None):
+def _paired(config, call, area, ratio, medians=None, allocated=None):
     info = {"config": config, "call": call, "mode": "paired", "area": area, "ratio": ratio}
     if medians is not None:
         info["stock_median"], info["patched_median"] = medians
+    if allocated is not None:
+        info["stock_bytes"], info["patched_bytes"] = allocated
     return {"group": f"paired :: {call}", "extra_info": info, "stats": {"median": 1e-3}}
 
 
@@ -57,7 +59,7 @@ def test_ratio_table_and_targets(tmp_path, capsys):
             _bench("Accuracy(task='binary')", "compute", "stock", "classification", 50e-6),
             _bench("Accuracy(task='binary')", "compute", "patched", "classification", 60e-6),
             _paired("R2Score()", "update", "regression", 1.5),
-            _paired("F1Score(num_classes=1000) batch 1024", "forward", "classification", 1.2),
+            _paired("F1Score(num_classes=1000) batch 1024", "forward", "classification", 1.2, allocated=(8e6, 2e5)),
             _paired("report step: MeanMetric(loss) + Accuracy/... batch 128", "update", "step", 1.01, (6e-3, 6.06e-3)),
             {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
         ],
@@ -65,16 +67,18 @@ def test_ratio_table_and_targets(tmp_path, capsys):
     ratios = _ratios()
     assert ratios.main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| MeanMetric() update(loss) | update | 40.0 | 20.0 | 0.50 |  | <= 0.75 met |" in out
-    assert "| SumMetric() update(loss) | forward | 100.0 | 110.0 | 1.10 |  | <= 1.05 MISSED |" in out
+    assert "| MeanMetric() update(loss) | update | 40.0 | 20.0 | 0.50 |  | <= 0.75 met |  |" in out
+    assert "| SumMetric() update(loss) | forward | 100.0 | 110.0 | 1.10 |  | <= 1.05 MISSED |  |" in out
     # the paired ratio decides where it exists: 1.20 sequential, 1.03 paired
-    assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 | 1.03 | <= 1.05 met |" in out
-    assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |" in out  # no compute target
-    assert "| R2Score() | update |  |  |  | 1.50 |  |" in out
-    assert "| F1Score(num_classes=1000) batch 1024 | forward |  |  |  | 1.20 | <= 1.05 MISSED |" in out
+    assert "| Accuracy(task='binary') | update | 50.0 | 60.0 | 1.20 | 1.03 | <= 1.05 met |  |" in out
+    assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |  |" in out  # no compute target
+    assert "| R2Score() | update |  |  |  | 1.50 |  |  |" in out
     assert (
-        "| report step: MeanMetric(loss) + Accuracy/... batch 128 | update | 6000.0 | 6060.0 |  | 1.01 | <= 1.05 met |"
-        in out
+        "| F1Score(num_classes=1000) batch 1024 | forward |  |  |  | 1.20 | <= 1.05 MISSED | 0.025 |" in out
+    )  # the bytes one call allocates
+    assert (
+        "| report step: MeanMetric(loss) + Accuracy/... batch 128 | update | 6000.0 | 6060.0 |  | 1.01"
+        " | <= 1.05 met |  |" in out
     )
     assert "3/5 targets met" in out
     assert ratios.main([str(path), "--check"]) == 1

@@ -9,18 +9,16 @@ the patched update counts hits and misses per target class and predictions per c
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torchmetrics import classification
 
 import torchmetrics_syncfree
 from tests._probing import PATHS_WITH_FLIGHT, on_path
 from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree.tools.allocations import allocated_by
 
 #: every multiclass stat-score metric (each a ``MulticlassStatScores`` whose update this counts)
 STAT_SCORE_METRICS = (
@@ -35,25 +33,6 @@ STAT_SCORE_METRICS = (
 )
 BATCH = 128
 MIB = 2**20
-
-
-class AllocatedBytes(TorchDispatchMode):
-    """The bytes of the new storages that the ops dispatched while active return (in-place results and views: none)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.total = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        inputs = {
-            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
-        }
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
-                self.total += t.untyped_storage().nbytes()
-                inputs.add(t.untyped_storage().data_ptr())
-        return out
 
 
 def _make(name: str, num_classes: int, **kwargs: Any) -> Any:
@@ -107,12 +86,6 @@ def _reference_stats(
     return torch.tensor([tp, fp, tn, fn])
 
 
-def _allocated_by(run: Callable[[], Any]) -> int:
-    with AllocatedBytes() as allocated:
-        run()
-    return allocated.total
-
-
 @pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
 @pytest.mark.parametrize("scores", [True, False], ids=["scores", "labels"])
 @pytest.mark.parametrize("name", STAT_SCORE_METRICS)
@@ -122,7 +95,7 @@ def test_an_update_at_100000_classes_allocates_under_10_mib(name: str, scores: b
     preds, target = _inputs(num_classes, scores)
     with on_path(path):
         metric.update(preds, target)  # the first update makes what is made once (cached constants)
-        allocated = _allocated_by(lambda: metric.update(preds, target))
+        allocated = allocated_by(lambda: metric.update(preds, target))
         if path != "cpu":  # the device path: no would-be sync in update or forward either (compute reads the checks)
             with SyncProbe() as probe:
                 metric.update(preds, target)
@@ -160,7 +133,7 @@ def test_a_top_5_update_at_100000_classes_allocates_under_10_mib(
     preds, target = _inputs(num_classes, scores=True)
     with on_path(path):
         metric.update(preds, target)
-        allocated = _allocated_by(lambda: metric.update(preds, target))
+        allocated = allocated_by(lambda: metric.update(preds, target))
         if path != "cpu":
             with SyncProbe() as probe:
                 metric.update(preds, target)
@@ -206,7 +179,7 @@ def test_a_samplewise_update_counts_each_sample_in_a_fraction_of_stocks_memory(t
         metric = _make("MulticlassRecall", num_classes, multidim_average="samplewise", top_k=top_k, average="none")
         with on_path(path):
             metric.update(preds, target)
-            patched_bytes = _allocated_by(lambda: metric.update(preds, target))
+            patched_bytes = allocated_by(lambda: metric.update(preds, target))
             states = [
                 torch.stack([getattr(metric, name)[1][sample] for name in ("tp", "fp", "tn", "fn")])
                 for sample in range(8)
@@ -222,7 +195,7 @@ def test_a_samplewise_update_counts_each_sample_in_a_fraction_of_stocks_memory(t
     except RuntimeError:
         assert top_k > 1
         return
-    stock_bytes = _allocated_by(lambda: stock.update(preds, target))
+    stock_bytes = allocated_by(lambda: stock.update(preds, target))
     assert torch.equal(values, stock.compute()), path
     assert patched_bytes * 8 < stock_bytes, (patched_bytes, stock_bytes)
 
@@ -253,11 +226,11 @@ def test_an_update_at_1000_classes_allocates_a_fraction_of_stocks(path: str) -> 
     preds, target = _inputs(num_classes, scores=True)
     stock = _make("MulticlassAccuracy", num_classes, average="macro")
     stock.update(preds, target)
-    stock_bytes = _allocated_by(lambda: stock.update(preds, target))
+    stock_bytes = allocated_by(lambda: stock.update(preds, target))
     with torchmetrics_syncfree.patched():
         metric = _make("MulticlassAccuracy", num_classes, average="macro")
         with on_path(path):
             metric.update(preds, target)
-            patched_bytes = _allocated_by(lambda: metric.update(preds, target))
+            patched_bytes = allocated_by(lambda: metric.update(preds, target))
     assert stock_bytes > num_classes**2 * 8  # stock's confusion matrix, int64
     assert patched_bytes * 50 < stock_bytes, (patched_bytes, stock_bytes)
