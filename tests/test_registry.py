@@ -677,3 +677,41 @@ def test_patching_imports_none_of_the_tooling():
     out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: the modules that may import the probe: itself, the package's public namespace, the pytest plugin, the tooling
+PROBE_CLIENTS = ("probe.py", "__init__.py", "pytest_plugin.py", "__main__.py")
+
+
+def test_the_patched_code_never_imports_the_probe():
+    """The library tells a probe what a GPU would do through ``_instrumentation``'s hooks, installed by the probe."""
+    package = Path(torchmetrics_syncfree.__file__).parent
+    importers = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] == "tools" or str(relative) in PROBE_CLIENTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if "torchmetrics_syncfree.probe" in names:
+                importers.append(str(relative))
+    assert importers == []
+
+
+def test_a_cpu_probe_installs_its_hooks_while_entered():
+    from torchmetrics_syncfree import _instrumentation
+
+    assert _instrumentation.hooks is None
+    assert not _instrumentation.simulating_device()
+    with SyncProbe():
+        assert _instrumentation.hooks is not None
+        assert _instrumentation.simulating_device()
+        assert not _deferred.reads_are_free(torch.zeros(1))
+        with SyncProbe():  # nested: the hooks stay until the last one leaves
+            pass
+        assert _instrumentation.simulating_device()
+    assert _instrumentation.hooks is None

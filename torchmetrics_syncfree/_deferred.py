@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
-from torchmetrics_syncfree import _compat, probe
+from torchmetrics_syncfree import _compat, _instrumentation
 from torchmetrics_syncfree._registry import stock
 from torchmetrics_syncfree._states import read_only
 
@@ -180,11 +180,12 @@ def reads_are_free(tensor: Tensor) -> bool:
     avoids host reads for the GPU's sake may take stock's (or a cheaper) host-reading path when this is true; while
     ``torch.compile`` traces it is false on every device, so traced code never reads.
     """
-    # ``probe._cpu_probes_entered`` first: outside tests no probe is active, and this runs several times per update
+    # the hooks read inline: outside tests none are installed, and this runs several times per update
+    hooks = _instrumentation.hooks
     return (
         not _forced
         and tensor.is_cpu
-        and not (probe._cpu_probes_entered and probe.simulating_device())
+        and not (hooks is not None and hooks.simulating_device())
         and not _is_dynamo_compiling()
         and not _compiling_flags._is_compiling_flag
     )
@@ -480,7 +481,8 @@ class _Reader:
     def launch(self, counters: Tensor) -> None:
         self.snapshot.copy_(counters)
         if self.event is None:
-            with probe.quiet():  # the simulated pinned copy: on a GPU this is an asynchronous copy, not a read
+            # the simulated pinned copy: on a GPU this is an asynchronous copy, not a read
+            with _instrumentation.quiet():
                 self.host.copy_(self.snapshot)
         else:
             self.host.copy_(self.snapshot, non_blocking=True)
@@ -496,7 +498,7 @@ class _Reader:
     def take(self, counters: Tensor) -> list[int]:
         """The snapshot's counts (the host copy has arrived), consumed from ``counters`` in place."""
         self.in_flight = False
-        with probe.quiet():  # the host copy: reading it never synchronizes
+        with _instrumentation.quiet():  # the host copy: reading it never synchronizes
             counts = self.host.tolist()
         if any(counts):
             counters.sub_(self.snapshot)
@@ -605,10 +607,10 @@ def take_pending(metric: Any) -> list[int] | None:
     # quiet time before ``_surely_zero``: traced, its read of the tensor's version would break the graph
     if not kinds or _quiet_time(metric) or _surely_zero(counters):
         return None
-    if not reads_are_free(counters) and probe.simulating_device():
+    if not reads_are_free(counters) and _instrumentation.simulating_device():
         # on a GPU this read waits for the queued work; the wait is attributed to whoever asked for the read
-        probe.report(probe.HOST_WAIT, "Tensor.tolist", skip=_THIS_FILE)
-    with probe.quiet():
+        _instrumentation.report_host_wait("Tensor.tolist", skip=_THIS_FILE)
+    with _instrumentation.quiet():
         counts = counters.tolist()
     return _consume(metric, counters, counts)
 
@@ -649,9 +651,9 @@ def take_pending_many(metrics: Sequence[Any]) -> list[list[int] | None]:
             continue
         to_read.setdefault(counters.device, []).append((index, counters))
     for entries in to_read.values():
-        if not reads_are_free(entries[0][1]) and probe.simulating_device():  # as take_pending
-            probe.report(probe.HOST_WAIT, "Tensor.tolist", skip=_THIS_FILE)
-        with probe.quiet():
+        if not reads_are_free(entries[0][1]) and _instrumentation.simulating_device():  # as take_pending
+            _instrumentation.report_host_wait("Tensor.tolist", skip=_THIS_FILE)
+        with _instrumentation.quiet():
             flat = torch.cat([counters.reshape(-1) for _, counters in entries]).tolist()
         start = 0
         for index, counters in entries:

@@ -59,7 +59,7 @@ from lightning_utilities.core.imports import compare_version
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree import _deferred, _instrumentation
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states, read_only
 
@@ -80,13 +80,11 @@ def _fill_overflow_checks() -> dict[torch.dtype, _deferred.Check]:
     infinity in half precision (the CPU wheel of torch 2.13). One write of a 1-element CPU tensor per dtype tells
     which, and in this build's words.
     """
-    from torchmetrics_syncfree import probe
-
     checks = {}
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         x = torch.zeros(1, dtype=dtype)
         try:
-            with probe.quiet():
+            with _instrumentation.quiet():
                 x[torch.ones(1, dtype=torch.bool)] = 2.0 * torch.finfo(dtype).max
         except RuntimeError as err:
             checks[dtype] = _deferred.Check(f"aggregation.fill-overflow.{dtype}", str(err), RuntimeError)

@@ -56,6 +56,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchmetrics_syncfree import _instrumentation
+
 D2H_READ = "device-to-host read"
 DATA_DEPENDENT_SHAPE = "data-dependent shape"
 H2D_COPY = "host-to-device copy"
@@ -201,6 +203,23 @@ def quiet() -> _Quiet:
     return _QUIET
 
 
+class _Hooks:
+    """What the library tells the CPU probes (installed in ``_instrumentation`` while any is entered)."""
+
+    def simulating_device(self) -> bool:
+        return simulating_device()
+
+    def quiet(self) -> _Quiet:
+        return _QUIET
+
+    def report_host_wait(self, op: str, skip: tuple[str, ...]) -> None:
+        report(HOST_WAIT, op, skip=(*skip, _INSTRUMENTATION_FILE))  # the wait is the caller's, not the hook's
+
+
+_HOOKS = _Hooks()
+_INSTRUMENTATION_FILE = os.path.abspath(_instrumentation.__file__)
+
+
 def report(kind: str, op: str, probes: list[SyncProbe] | None = None, skip: tuple[str, ...] = ()) -> None:
     """Record an event on ``probes`` (default: every active CPU probe, e.g. for this package's own host waits).
 
@@ -337,6 +356,7 @@ class SyncProbe(ContextDecorator):
         if self.device_type == "cpu":
             with _count_lock:
                 _cpu_probes_entered += change
+                _instrumentation.install(_HOOKS if _cpu_probes_entered else None)
 
     def __exit__(self, *exc: Any) -> None:
         _active_probes().remove(self)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import reduce
 
-from torchmetrics_syncfree import _deferred, probe
+from torchmetrics_syncfree import _deferred, _instrumentation
 from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.image.psnr"
@@ -38,7 +38,7 @@ _FUNCTIONAL = "torchmetrics.functional.image.psnr"
 @functools.cache
 def _log_factor(base: float) -> float:
     """Stock's ``10 / torch.log(tensor(base))`` (a float32 CPU value) as a Python number."""
-    with probe.quiet():  # a CPU tensor that never leaves the host
+    with _instrumentation.quiet():  # a CPU tensor that never leaves the host
         return float(10 / torch.log(torch.tensor(base)))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred, probe
+from torchmetrics_syncfree import _deferred, _instrumentation
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.image import made_on_device
 
@@ -31,7 +31,7 @@ _FUNCTIONAL = "torchmetrics.functional.image.scc"
 
 def _filter_on(hp_filter: Tensor, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``hp_filter.to(dtype=dtype, device=device)`` for a CPU filter and another device: made there, not copied."""
-    with probe.quiet():  # the filter's values, read where they live (the host)
+    with _instrumentation.quiet():  # the filter's values, read where they live (the host)
         values = hp_filter.to(dtype).reshape(-1).tolist()
     return made_on_device(values, hp_filter.shape, dtype, device)
 
