@@ -21,8 +21,8 @@ multiclass macro/weighted/none ``update``:           O(batch + classes): two fix
                                                      MPS and with XLA upstream's ``_bincount`` mesh path (fixed
                                                      shapes as well) is used, as upstream does
 ``ignore_index``: ``preds[target != ii]`` (multi-    ignored entries stay in place: masked out of the sums
-class), ``target[idx] = -1`` (binary/multilabel),    (micro), routed to the dropped bin (macro/weighted/none),
-``target_oh[mask, :] = -1`` (top_k > 1/samplewise)   ``masked_fill`` (the others)
+class), ``target[idx] = -1`` (binary/multilabel),    (micro), weight 0 in the per-class counts (multiclass),
+``target_oh[mask, :] = -1`` (top_k > 1/samplewise)   ``masked_fill`` (binary/multilabel)
 ``validate_args``: ``torch.unique`` + ``if ...:``    value checks computed on the device into one flag per
                                                      update, a deferred check (``_deferred.record``): raised at
                                                      once on CPU; on the device path the invalid batch is left
