@@ -180,6 +180,11 @@ def test_a_samplewise_update_counts_each_sample_in_a_fraction_of_stocks_memory(t
         with on_path(path):
             metric.update(preds, target)
             patched_bytes = allocated_by(lambda: metric.update(preds, target))
+            if path != "cpu":
+                with SyncProbe() as probe:
+                    metric.update(preds, target)
+                assert probe.count == 0, probe.events
+                metric.tp.pop(), metric.fp.pop(), metric.tn.pop(), metric.fn.pop()  # back to the two updates compared
             states = [
                 torch.stack([getattr(metric, name)[1][sample] for name in ("tp", "fp", "tn", "fn")])
                 for sample in range(8)
@@ -234,3 +239,16 @@ def test_an_update_at_1000_classes_allocates_a_fraction_of_stocks(path: str) -> 
             patched_bytes = allocated_by(lambda: metric.update(preds, target))
     assert stock_bytes > num_classes**2 * 8  # stock's confusion matrix, int64
     assert patched_bytes * 50 < stock_bytes, (patched_bytes, stock_bytes)
+
+
+def test_micro_updates_of_every_batch_length_keep_the_constants_they_share(syncfree: Any) -> None:
+    """A variable-length batch (tokens) must not add a cached constant per length: the micro counts' constants are
+    keyed by the class count only."""
+    from torchmetrics_syncfree.classification import stat_scores
+
+    metric = _make("MulticlassAccuracy", 10, average="micro")
+    metric.update(torch.randint(10, (3,)), torch.randint(10, (3,)))
+    cached = len(stat_scores._constants)
+    for length in range(4, 40):
+        metric.update(torch.randint(10, (length,)), torch.randint(10, (length,)))
+    assert len(stat_scores._constants) == cached

@@ -792,28 +792,23 @@ def _micro_block(preds: Tensor, target: Tensor, num_classes: int, ignore_index: 
     """tp/fp/tn/fn summed over the classes, as one ``(4, 1)`` block (the rows in the micro states' shape).
 
     Every counted entry is a hit or a miss: a miss is one fp and one fn, every other class of the entry a tn, so with
-    ``tp`` hits of ``counted`` entries the block is ``offsets + signs * tp``: fp and fn ``counted - tp``, tn
-    ``(C - 2) * counted + tp`` (stock's ``C * counted - (fp + fn + tp)``) in one ``addcmul``. Ignored entries are
-    masked out of the sums instead of being removed.
+    ``tp`` hits of ``counted`` entries the block is ``counted * per_entry + signs * tp``: fp and fn ``counted - tp``,
+    tn ``(C - 2) * counted + tp`` (stock's ``C * counted - (fp + fn + tp)``), a multiply and an ``addcmul``.
+    Ignored entries are masked out of the sums instead of being removed.
     """
     device = target.device
     correct = preds == target
     signs = _cached(device, "micro signs", lambda: _micro_column(device, 1, -1, 1))
+    # what each counted entry adds before its hit is known (0 tp, 1 fp, C - 2 tn, 1 fn): keyed by the classes only, as
+    # a key per batch size would grow with every length of a variable-size batch
+    per_entry = _cached(device, ("micro per entry", num_classes), lambda: _micro_column(device, 0, 1, num_classes - 2))
     if ignore_index is None:
-        counted = target.numel()
-        offsets = _cached(
-            device,
-            ("micro offsets", counted, num_classes),
-            lambda: _micro_column(device, 0, counted, (num_classes - 2) * counted),
-        )
+        counted: Tensor | int = target.numel()
     else:
         kept = target != ignore_index
         correct &= kept
-        per_entry = _cached(
-            device, ("micro per entry", num_classes), lambda: _micro_column(device, 0, 1, num_classes - 2)
-        )
-        offsets = per_entry * kept.sum()
-    return torch.addcmul(offsets, signs, correct.sum())
+        counted = kept.sum()
+    return torch.addcmul(per_entry * counted, signs, correct.sum())
 
 
 def _micro_column(device: torch.device, tp: int, fp_and_fn: int, tn: int) -> Tensor:
