@@ -705,7 +705,7 @@ def _class_counts(
     block = 3 * width
     cells = torch.zeros(samples * block, dtype=torch.long, device=target.device)
     hit = labels.eq(target)
-    target = target.clamp(-1, num_classes)
+    target = _clamped_to_sinks(target, num_classes)
     predicted_labels = labels if from_scores else labels.clamp(-1, num_classes)
     if samplewise:
         # each sample's cells start at its own offset, so a label that is no class goes to its sample's sink (``C``),
