@@ -93,6 +93,8 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for classes in (10, 1000)
         for batch in (32, 256)
     ),
+    # stock counts a new C x C matrix per update (800 MB here), the patched update counts into the state
+    (Config("ConfusionMatrix(task='multiclass', num_classes=10000)"), 128),
     # HingeLoss and the PR-curve family's binned update (AUROC; stock's N x C x T comparisons vs bucketize)
     *(
         (Config(spec.format(classes=classes)), batch)

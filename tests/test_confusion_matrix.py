@@ -17,8 +17,9 @@ from torch import Tensor
 
 import torchmetrics_syncfree
 from tests._classification_cases import IGNORE, NUM_CLASSES, PATHS, Case, batches, parity, pending_checks
-from tests._probing import graph_breaks
+from tests._probing import PATHS_WITH_FLIGHT, graph_breaks, on_path
 from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree.tools.allocations import allocated_by
 
 #: (metric, task, extra arguments): every task each metric has and the arguments that change its compute
 FAMILY: list[tuple[str, str, dict[str, Any]]] = [
@@ -227,6 +228,18 @@ def test_label_pred_equal_to_an_ignore_index_outside_the_classes_lands_in_no_cel
     torch.testing.assert_close(confmat, torch.tensor([[0, 0, 0], [0, 1, 0], [0, 0, 0]]))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_float_label_preds_outside_the_classes_land_in_no_cell_on_every_path(path: str) -> None:
+    """Stock's validation checks only integer label preds; a float label outside the classes then wraps into another
+    cell (``target * C + 7``: here the next row's third cell). Documented deviation, the same on every path: it lands
+    in no cell, as with ``validate_args=False``."""
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else _nothing():
+        metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=5)
+        metric.update(torch.tensor([7.0, 1.0, 2.0]), torch.tensor([3, 1, 2]))
+        confmat = metric.compute()
+    torch.testing.assert_close(confmat, torch.diag(torch.tensor([0, 1, 1, 0, 0])))
+
+
 def _absent_class_data() -> tuple[Tensor, Tensor]:
     return torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, 0, 0])  # class 2 never occurs: its row is 0/0
 
@@ -394,3 +407,43 @@ def test_matthews_perfect_and_inverted_predictions_are_float(path: str, task: st
         with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
             patched = torchmetrics.MatthewsCorrCoef(task=task, **kwargs)(preds, target)
         assert (patched.dtype, float(patched)) == (torch.float32, expected)
+
+
+# ----------------------------------------------------------------------------------------------- scale
+
+
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+@pytest.mark.parametrize(
+    ("scores", "ignore_index", "validate_args"),
+    [(True, None, True), (False, None, True), (True, 3, True), (False, -1, True), (False, None, False)],
+)
+@pytest.mark.parametrize("name", ["ConfusionMatrix", "CohenKappa", "MatthewsCorrCoef", "JaccardIndex"])
+def test_a_multiclass_update_counts_into_its_state_without_a_matrix_per_update(
+    name: str, scores: bool, ignore_index: int | None, validate_args: bool, path: str, syncfree: Any
+) -> None:
+    """Stock's update counts a fresh ``C x C`` matrix (``bincount``) and adds it to the state: at 2000 classes 32 MB
+    per update, 800 MB at 10000. The patched one counts into the state itself: a few bytes per entry. Its counts are
+    the entries counted one by one, on every path, ignored entries left out."""
+    num_classes, batch = 2000, 256
+    generator = torch.Generator().manual_seed(7)
+    target = torch.randint(num_classes, (batch,), generator=generator)
+    if ignore_index is not None:
+        target[::5] = ignore_index
+    preds = torch.randn(batch, num_classes, generator=generator) if scores else torch.randint(num_classes, (batch,))
+    expected = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    labels = preds.argmax(1) if scores else preds
+    for label, truth in zip(labels.tolist(), target.tolist()):
+        if truth != ignore_index:
+            expected[truth, label] += 1
+    metric = getattr(torchmetrics, name)(
+        task="multiclass", num_classes=num_classes, ignore_index=ignore_index, validate_args=validate_args
+    )
+    with on_path(path):
+        metric.update(preds, target)  # the first update makes what is made once (cached constants)
+        allocated = allocated_by(lambda: metric.update(preds, target))
+        assert torch.equal(metric.confmat, 2 * expected)
+        if path != "cpu":
+            with SyncProbe() as probe:
+                metric.update(preds, target)
+            assert probe.count == 0, probe.events
+    assert allocated < 64 * batch + 1024, allocated  # a handful of int64 per entry; the matrix is 32 MB

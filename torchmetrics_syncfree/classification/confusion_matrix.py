@@ -7,18 +7,20 @@ covers all of them.
 ==================================================  ===========================================================
 stock                                                sync-free
 ==================================================  ===========================================================
-``validate_args``: ``torch.unique`` + ``if ...:``    one device flag per update, filed with the metric as a
-                                                     deferred check (the stat scores' validation: raised at once
-                                                     on CPU, reported at an eager point on the device path, the
-                                                     invalid batch left out of the state)
-``ignore_index``: ``preds[target != ii]`` (binary,   ignored entries stay in place and are routed to a dropped
-multiclass), ``preds[idx] = -4 * L`` (multilabel)    cell of the count
-counting: ``torch.bincount`` (reads the input's      ``scatter_add_`` into a fixed number of cells plus the dropped
-max on CUDA; multilabel filters with a boolean       one (upstream's mesh ``_bincount`` in deterministic mode, on
-mask first)                                          MPS and with XLA, as upstream); plain ``torch.bincount`` where
-                                                     reads are free
-``self.confmat += confmat``                          ``add_``: in place, as stock, so a captured CUDA graph replays
-                                                     into the metric's own tensor
+``validate_args``: ``torch.unique`` + ``if ...:``    one device flag per update from the masks the counting
+                                                     needs anyway, filed with the metric as a deferred check
+                                                     (the stat scores' validation: raised at once where reads
+                                                     are free, reported at an eager point on the device path,
+                                                     the invalid batch left out of the state)
+``ignore_index``: ``preds[target != ii]`` (binary,   ignored entries stay in place and weigh 0
+multiclass), ``preds[idx] = -4 * L`` (multilabel)
+counting: ``torch.bincount`` into a new matrix      one ``put_`` of the entries' cells straight into the state,
+(reads the input's max on CUDA; multilabel filters  invalid and ignored entries weighing 0: nothing the size of
+with a boolean mask first), added to the state      the matrix is allocated per update (stock: the matrix,
+                                                     32 MB at 2000 classes, 800 MB at 10000); upstream's mesh
+                                                     ``_bincount`` in deterministic mode, on MPS and with XLA
+``self.confmat += confmat``                          the ``put_``: in place, as stock, so a captured CUDA graph
+                                                     replays into the metric's own tensor
 ``normalize``: ``confmat[isnan(confmat)] = 0`` and   ``masked_fill``; the warning is read at once where reads are
 a warning with the count of NaN cells                free (stock's message), otherwise it is a deferred warning of
                                                      the metric (one per offending ``compute``)
@@ -34,6 +36,8 @@ Deliberate deviations from stock (tested in ``tests/test_confusion_matrix.py``):
 * multiclass validation checks the documented contract, every non-ignored label in ``[0, num_classes)``, as the stat
   scores do (stock counts distinct values; a label it lets through then fails in ``bincount``/``reshape`` with a
   ``RuntimeError``, or lands in a wrong cell). The exception type is stock's;
+* a float label pred outside the classes (stock's validation checks integer label preds only) lands in no cell:
+  stock's ``target * C + pred`` wraps it into another cell;
 * with ``validate_args=False``, labels that are no cell of the matrix (multiclass labels outside the classes, binary
   and multilabel values other than 0 and 1 whose cell index falls outside the matrix) are dropped: stock fails in
   ``bincount``/``reshape`` (CPU) or hits a device assert;
@@ -48,6 +52,7 @@ Deliberate deviations from stock (tested in ``tests/test_confusion_matrix.py``):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -59,23 +64,15 @@ from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._compat import activated
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_state_if, add_to_states
 from torchmetrics_syncfree.classification.stat_scores import (
     _cached,
     _check_binary_values,
-    _checked_sink,
-    _confusion_bins,
-    _count,
+    _count_into_state,
+    _file_invalid,
     _flat_long,
-    _into_sink,
-    _lean_confusion,
-    _lean_counting,
-    _mesh_counting,
     _multiclass_shape_checks,
-    _multiclass_stat_scores_tensor_validation,
+    _raise_not_a_class,
     _safe_divide,
-    _scatter_counts,
-    _without_invalid,
     normalize_logits_if_needed,
 )
 
@@ -135,22 +132,6 @@ def _multilabel_confusion_matrix_tensor_validation(
     return _check_binary_values(metric, preds, target, ignore_index, "preds")
 
 
-@replaces(
-    f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation",
-    params=("preds", "target", "num_classes", "ignore_index"),
-    everywhere=True,
-)
-def _multiclass_confusion_matrix_tensor_validation(
-    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None = None, metric: Any = None
-) -> Tensor | None:
-    """Stock's shape checks; with the ``metric`` whose update validates, the stat scores' label check (a flag)."""
-    if metric is None:
-        return stock(f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation")(
-            preds, target, num_classes, ignore_index
-        )
-    return _multiclass_stat_scores_tensor_validation(preds, target, num_classes, "global", ignore_index, metric=metric)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # counting
 
@@ -170,86 +151,114 @@ def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Te
     return torch.where((outside & kept).any(), normalized, preds)
 
 
-def _cells(index: Tensor, dropped: Tensor | None, size: int) -> Tensor:
-    """Counts of ``index`` in ``size`` cells; entries where ``dropped`` is set land in an extra cell that is cut off."""
-    if dropped is None:
-        return _count(index, size)
-    return _count(torch.where(dropped, size, index), size + 1)[:size]
+def _with_cells(index: Tensor, cells: int, counted: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``index`` clamped into ``[0, cells)`` and ``counted`` cleared where it was outside: such entries have no cell."""
+    cell = index.clamp(0, cells - 1)
+    inside = cell == index
+    return cell, inside if counted is None else counted & inside
 
 
-def _binary_confusion_counts(
-    preds: Tensor, target: Tensor, threshold: float, ignore_index: int | None, labels_checked: bool
-) -> Tensor:
-    """Stock's 2x2 matrix (``bincount(target * 2 + preds)``) with fixed shapes; see the module docstring."""
-    preds, target = preds.flatten(), target.flatten()
-    kept = None if ignore_index is None else target != ignore_index
-    if preds.is_floating_point():
-        preds = _probabilities(preds, kept, "sigmoid") > threshold
-    index = (target * 2 + preds).long()
-    dropped = None if kept is None else ~kept
-    if not labels_checked:  # values other than 0 and 1 (validate_args=False) that are no cell
-        outside = (index < 0) | (index > 3)
-        dropped = outside if dropped is None else dropped | outside
-    return _cells(index, dropped, 4).view(2, 2)
+def _cleared(mask: Tensor | None, cleared: Tensor | None) -> Tensor | None:
+    """``mask & ~cleared``, either ``None`` meaning all set (``mask``) or none set (``cleared``)."""
+    if cleared is None:
+        return mask
+    return ~cleared if mask is None else mask & ~cleared
 
 
-def _multilabel_confusion_counts(
-    preds: Tensor, target: Tensor, num_labels: int, threshold: float, ignore_index: int | None, labels_checked: bool
-) -> Tensor:
-    """Stock's ``(L, 2, 2)`` matrices (``bincount(2 * target + preds + 4 * label)``) with fixed shapes."""
-    if preds.is_floating_point():
-        preds = normalize_logits_if_needed(preds, "sigmoid") > threshold
-    preds = torch.movedim(preds, 1, -1).reshape(-1, num_labels)
-    target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
-    local = (2 * target + preds).long()
-    dropped = None if ignore_index is None else target == ignore_index
-    if not labels_checked:  # stock counts such values in another label's cells (or fails when past the last)
-        outside = (local < 0) | (local > 3)
-        dropped = outside if dropped is None else dropped | outside
-    index = local + 4 * torch.arange(num_labels, device=local.device)
-    return _cells(index.flatten(), None if dropped is None else dropped.flatten(), 4 * num_labels).view(
-        num_labels, 2, 2
-    )
+def _count_cells(self: Any, index: Tensor, counted: Tensor | None, invalid: Tensor | None) -> None:
+    """``self.confmat``'s flat cells ``index`` += 1 for each entry ``counted`` (``None``: all), then sweep.
+
+    ``invalid`` is the validation's flag where it was not read (the device path): set, the batch weighs 0, as the
+    stock validation's error leaves it out. ``index`` must be in bounds for every entry, counted or not.
+    """
+    if invalid is None:
+        weights = None if counted is None else counted.long()
+    else:
+        keep = torch.pow(0, invalid)  # 1 or 0 as int64 in one op: 0 ** False == 1, 0 ** True == 0
+        weights = keep.expand_as(index) if counted is None else counted * keep
+    _count_into_state(self, "confmat", index, weights)
+    _deferred.sweep(self)
 
 
-def _lean_binary_confusion(
-    preds: Tensor, target: Tensor, threshold: float, ignore_index: int | None, metric: Any | None
-) -> tuple[Tensor, Tensor | None]:
-    """The 2x2 matrix of scores on the device path, validation folded in (see ``_lean_confusion``).
+def _binary_cells(self: Any, preds: Tensor, target: Tensor, invalid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The cell ``2 * target + pred`` of every entry of a binary update, and which entries count.
 
-    ``target * 2 + pred`` is a cell exactly when the target is 0 or 1: any other target lands in the sink cell, whose
-    count is the validation (``keep``: the batch enters the state); ignored entries weigh 0.
+    Ignored entries do not count. Unless validation read the values and found only 0 and 1 (or the ignore_index),
+    the index is clamped into the four cells; without validation an entry outside them counts nowhere (stock fails
+    in ``bincount``/``reshape``; one inside them counts where stock counts it).
     """
     preds, target = preds.flatten(), _flat_long(target)
-    kept = None if ignore_index is None else target != ignore_index
-    labels = _probabilities(preds, kept, "sigmoid") > threshold
-    bins = _scatter_counts(_into_sink(labels.add(target, alpha=2), 4), 5, None if kept is None else kept.long())
-    return bins[:4].view(2, 2), _checked_sink(metric, bins[4])
+    ignore_index = self.ignore_index
+    counted = None if ignore_index is None else target != ignore_index
+    if preds.is_floating_point():
+        preds = _probabilities(preds, counted, "sigmoid") > self.threshold
+    index = preds.add(target, alpha=2)
+    if self.validate_args and invalid is None and ignore_index in (None, 0, 1):  # every entry has its cell
+        return index, counted
+    if self.validate_args:  # a batch the flag leaves out, or ignored entries outside the cells: bounds only
+        return index.clamp(0, 3), counted
+    return _with_cells(index, 4, counted)
 
 
-def _lean_multilabel_confusion(
-    preds: Tensor, target: Tensor, num_labels: int, threshold: float, ignore_index: int | None, metric: Any | None
-) -> tuple[Tensor, Tensor | None]:
-    """The ``(L, 2, 2)`` matrices of scores on the device path: each label's four cells and its sink cell."""
-    labels = normalize_logits_if_needed(preds, "sigmoid") > threshold
-    labels = torch.movedim(labels, 1, -1).reshape(-1, num_labels)
+def _multilabel_cells(self: Any, preds: Tensor, target: Tensor, invalid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The cell ``4 * label + 2 * target + pred`` of every entry of a multilabel update, and which entries count.
+
+    As :func:`_binary_cells`, per label: an entry outside its label's four cells counts nowhere (stock would count
+    it in another label's cells, or fail past the last).
+    """
+    num_labels, ignore_index = self.num_labels, self.ignore_index
+    if preds.is_floating_point():
+        preds = normalize_logits_if_needed(preds, "sigmoid") > self.threshold
+    preds = torch.movedim(preds, 1, -1).reshape(-1, num_labels)
     target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
-    weights = None if ignore_index is None else (target != ignore_index).long().flatten()
-    local = _into_sink(labels.add(target, alpha=2), 4)
+    counted = None if ignore_index is None else target != ignore_index
+    local = preds.add(target, alpha=2)
+    if not (self.validate_args and invalid is None and ignore_index in (None, 0, 1)):
+        if self.validate_args:
+            local = local.clamp(0, 3)
+        else:
+            local, counted = _with_cells(local, 4, counted)
     device = local.device
-    offsets = _cached(device, ("label offsets", num_labels), lambda: torch.arange(0, 5 * num_labels, 5, device=device))
-    bins = _scatter_counts((local + offsets).flatten(), 5 * num_labels, weights).view(num_labels, 5)
-    return bins[:, :4].view(num_labels, 2, 2), _checked_sink(metric, bins[:, 4].sum())
+    offsets = _cached(device, ("label offsets", num_labels), lambda: torch.arange(0, 4 * num_labels, 4, device=device))
+    return (local + offsets).flatten(), None if counted is None else counted.flatten()
 
 
-def _multiclass_confusion_counts(
-    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool
-) -> Tensor:
-    """Stock's ``(C, C)`` matrix, counted as the stat scores count it (:func:`_confusion_bins`)."""
-    if preds.ndim == target.ndim + 1:
-        preds = preds.argmax(dim=1)
-    confmat, _ = _confusion_bins(preds, target, num_classes, ignore_index, labels_checked)
-    return confmat[:, :num_classes] if confmat.shape[1] != num_classes else confmat
+def _multiclass_cells(self: Any, preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The cell ``target * C + pred`` of every entry of a multiclass update, which entries count, and the validation.
+
+    Scores are argmaxed (a class). Labels are clamped into the classes: a label that clamping changes is no class.
+    With ``validate_args`` a target (or label pred) that is no class and not the ignore_index is invalid: the
+    stat scores' label check (:func:`_file_invalid`: raised at once where reads are free, else the returned flag
+    leaves the batch out). Ignored entries do not count, nor does a label pred equal to an ignore_index outside the
+    classes (it predicts no class); without validation, neither does an entry whose target or label pred is no class
+    (stock's ``target * C + pred`` would land in another class's cell, or fail).
+    """
+    num_classes, ignore_index = self.num_classes, self.ignore_index
+    scores = preds.ndim == target.ndim + 1
+    if self.validate_args:
+        _multiclass_shape_checks(preds, target, num_classes, "global")
+    labels, flat_target = _flat_long(preds.argmax(dim=1) if scores else preds), _flat_long(target)
+    rows = flat_target.clamp(0, num_classes - 1)
+    target_outside = rows != flat_target
+    columns = labels if scores else labels.clamp(0, num_classes - 1)
+    preds_outside = None if scores else columns != labels
+    kept = None if ignore_index is None else flat_target != ignore_index
+    if not self.validate_args:
+        return columns.add(rows, alpha=num_classes), _cleared(_cleared(kept, target_outside), preds_outside), None
+    bad = target_outside if kept is None else target_outside & kept
+    if preds_outside is not None and not preds.is_floating_point():  # stock checks label preds that are integers
+        bad = bad | (preds_outside if ignore_index is None else preds_outside & (labels != ignore_index))
+    invalid = _file_invalid(
+        self, bad.any(), functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index)
+    )
+    # in a valid batch only ignored entries have no cell, and label preds that were not checked or that equal an
+    # ignore_index outside the classes
+    counted = kept
+    if preds_outside is not None and (
+        preds.is_floating_point() or (ignore_index is not None and not 0 <= ignore_index < num_classes)
+    ):
+        counted = _cleared(kept, preds_outside)
+    return columns.add(rows, alpha=num_classes), counted, invalid
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -263,12 +272,6 @@ def _kinds(self: Any) -> tuple[_deferred.Check, ...]:
     return ()
 
 
-def _confmat_update(self: Any, invalid: Tensor | None, confmat: Tensor) -> None:
-    (confmat,) = _without_invalid(invalid, confmat)
-    add_to_states(self, ("confmat",), (confmat,))
-    _deferred.sweep(self)
-
-
 def _refresh_kinds(self: Any) -> None:
     """Keep the reported kinds in step with ``validate_args`` (a tuple comparison per update).
 
@@ -276,11 +279,6 @@ def _refresh_kinds(self: Any) -> None:
     ``validate_args=False`` and set the attribute afterwards.
     """
     _deferred.keep_kinds(self, _kinds(self), size=2)
-
-
-def _labels_checked(self: Any, target: Tensor) -> bool:
-    """Whether this update's validation has read the labels (so the counting needs no masks for invalid ones)."""
-    return self.validate_args and _deferred.reads_are_free(target)
 
 
 _binary_init = replaces(
@@ -297,77 +295,31 @@ _multilabel_init = replaces(
 )(_deferred.checked_init(f"{_MODULE}.MultilabelConfusionMatrix.__init__", __name__, _kinds, size=2))
 
 
-def _add_counts(self: Any, confmat: Tensor, keep: Tensor | None) -> None:
-    """Add a lean update's counts (``keep``: the batch passed validation; ``None``: not validated), then sweep."""
-    if keep is None:
-        add_to_states(self, ("confmat",), (confmat,))
-    else:
-        add_to_state_if(self, "confmat", confmat, keep)
-    _deferred.sweep(self)
-
-
-def _lean_scores(self: Any, preds: Tensor, target: Tensor) -> bool:
-    """Whether a binary/multilabel update counts on the lean path: the device path, scores, validated shapes."""
-    if not preds.is_floating_point() or _deferred.reads_are_free(target) or _mesh_counting() or target.is_mps:
-        return False
-    if self.validate_args:
-        _check_same_shape(preds, target)
-    return True
-
-
 @replaces(f"{_MODULE}.BinaryConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
 def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
-    if _lean_scores(self, preds, target):
-        checked = self if self.validate_args else None
-        _add_counts(self, *_lean_binary_confusion(preds, target, self.threshold, self.ignore_index, checked))
-        return
     invalid = None
     if self.validate_args:
         invalid = _binary_confusion_matrix_tensor_validation(preds, target, self.ignore_index, metric=self)
-    confmat = _binary_confusion_counts(preds, target, self.threshold, self.ignore_index, _labels_checked(self, target))
-    _confmat_update(self, invalid, confmat)
+    _count_cells(self, *_binary_cells(self, preds, target, invalid), invalid)
 
 
 @replaces(f"{_MODULE}.MulticlassConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
-    if _lean_counting(preds, target):
-        checked = self if self.validate_args else None
-        if checked is not None:
-            _multiclass_shape_checks(preds, target, self.num_classes, "global")
-        _add_counts(self, *_lean_confusion(preds, target, self.num_classes, self.ignore_index, checked))
-        return
-    invalid = None
-    if self.validate_args:
-        invalid = _multiclass_confusion_matrix_tensor_validation(
-            preds, target, self.num_classes, self.ignore_index, metric=self
-        )
-    confmat = _multiclass_confusion_counts(
-        preds, target, self.num_classes, self.ignore_index, _labels_checked(self, target)
-    )
-    _confmat_update(self, invalid, confmat)
+    index, counted, invalid = _multiclass_cells(self, preds, target)
+    _count_cells(self, index, counted, invalid)
 
 
 @replaces(f"{_MODULE}.MultilabelConfusionMatrix.update", params=("self", "preds", "target"), kind="metric_method")
 def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
-    if preds.ndim >= 2 and preds.shape[1] == self.num_labels and _lean_scores(self, preds, target):
-        checked = self if self.validate_args else None
-        _add_counts(
-            self,
-            *_lean_multilabel_confusion(preds, target, self.num_labels, self.threshold, self.ignore_index, checked),
-        )
-        return
     invalid = None
     if self.validate_args:
         invalid = _multilabel_confusion_matrix_tensor_validation(
             preds, target, self.num_labels, self.ignore_index, metric=self
         )
-    confmat = _multilabel_confusion_counts(
-        preds, target, self.num_labels, self.threshold, self.ignore_index, _labels_checked(self, target)
-    )
-    _confmat_update(self, invalid, confmat)
+    _count_cells(self, *_multilabel_cells(self, preds, target, invalid), invalid)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -72,8 +72,8 @@ from torchmetrics.utilities.data import dim_zero_cat
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._compat import activated
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states
-from torchmetrics_syncfree.classification.confusion_matrix import _add_counts, _cells, _probabilities
+from torchmetrics_syncfree._states import add_to_state_if, add_to_states
+from torchmetrics_syncfree.classification.confusion_matrix import _probabilities
 from torchmetrics_syncfree.classification.stat_scores import (
     _cached,
     _checked_sink,
@@ -649,6 +649,13 @@ def _state_tensor(metric: Any) -> Tensor:
     return metric.confmat if metric.thresholds is not None else _list_state(metric)[0]
 
 
+def _cells(index: Tensor, dropped: Tensor | None, size: int) -> Tensor:
+    """Counts of ``index`` in ``size`` cells; entries where ``dropped`` is set land in an extra cell that is cut off."""
+    if dropped is None:
+        return _count(index, size)
+    return _count(torch.where(dropped, size, index), size + 1)[:size]
+
+
 def _class_counts(target: Tensor, num_classes: int, kept: Tensor | None = None) -> Tensor:
     """Stock's ``_bincount(target, minlength=num_classes).float()`` of valid (kept) labels, with a fixed shape."""
     dropped = (target < 0) | (target >= num_classes)
@@ -872,6 +879,15 @@ _binary_init, _multiclass_init, _multilabel_init = (
     )
     for name in ("Binary", "Multiclass", "Multilabel")
 )
+
+
+def _add_counts(self: Any, confmat: Tensor, keep: Tensor | None) -> None:
+    """Add a binned update's counts (``keep``: the batch passed validation; ``None``: not validated), then sweep."""
+    if keep is None:
+        add_to_states(self, ("confmat",), (confmat,))
+    else:
+        add_to_state_if(self, "confmat", confmat, keep)
+    _deferred.sweep(self)
 
 
 @replaces(f"{_MODULE}.BinaryPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")

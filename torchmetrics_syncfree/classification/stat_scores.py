@@ -84,7 +84,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassHingeLoss
+from torchmetrics.classification import MulticlassHingeLoss
 from torchmetrics.functional.classification.stat_scores import (
     _binary_stat_scores_update,
     _multiclass_stat_scores_format,
@@ -99,7 +99,7 @@ from torchmetrics.utilities.imports import _XLA_AVAILABLE
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._compat import FOREACH_MUL_BY_TENSOR, activated
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree._states import add_to_states
+from torchmetrics_syncfree._states import add_to_states, read_only
 
 _COMPUTE = "torchmetrics.utilities.compute"
 _FUNCTIONAL = "torchmetrics.functional.classification.stat_scores"
@@ -294,25 +294,15 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
-def _counting_checks_target(metric: Any, multidim_average: str, ignore_index: int | None) -> bool:
+def _counting_checks_target(metric: Any) -> bool:
     """Whether the counting of the update being validated checks ``target`` itself, at no cost.
-
-    On CPU, ``MulticlassConfusionMatrix`` without ``ignore_index`` counts ``torch.bincount(target * C + preds)`` with
-    class-valued ``preds``: a negative target makes it fail and a target ``>= C`` makes it longer than ``C**2`` (see
-    :func:`_checked_bincount`), so validation leaves ``target`` to it. Upstream's mesh counting (deterministic mode,
-    XLA) would drop such entries silently: not there. (The stat scores of scores count targets that are no class in
-    their counting's sink and skip this validation altogether.)
 
     ``MulticlassHingeLoss`` counts on CPU with stock's one-hot of the targets that are not ignored: a bounds-checked
     ``scatter_`` that fails on any target outside the classes, which its update turns into the validation's error
     (see ``classification/hinge.py``). Stock's own validation never reads the targets of float ``preds``, so reading
     them here would be all the patched update's extra host time.
     """
-    if isinstance(metric, MulticlassHingeLoss):
-        return True
-    if ignore_index is not None or multidim_average != "global" or _mesh_counting():
-        return False
-    return isinstance(metric, MulticlassConfusionMatrix)
+    return isinstance(metric, MulticlassHingeLoss)
 
 
 def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
@@ -378,9 +368,7 @@ def _multiclass_stat_scores_tensor_validation(
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
     if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
         if preds.is_floating_point():  # its argmax is a class: only target needs checking
-            if _counting_checks_target(metric, multidim_average, ignore_index) or _all_classes(
-                target, num_classes, ignore_index
-            ):
+            if _counting_checks_target(metric) or _all_classes(target, num_classes, ignore_index):
                 return None
         elif _all_classes(target, num_classes, ignore_index) and _all_classes(preds, num_classes, ignore_index):
             return None
@@ -489,21 +477,6 @@ def _count(index: Tensor, size: int) -> Tensor:
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
 
 
-def _checked_bincount(index: Tensor, cells: int, preds: Tensor, target: Tensor, num_classes: int) -> Tensor:
-    """:func:`_count` of ``target * C + preds`` on CPU that also rejects targets outside the classes.
-
-    ``preds`` are classes here, so a target below 0 gives a negative index (``torch.bincount`` fails) and one of
-    ``C`` or more an index of ``C**2`` or more (a longer result). See :func:`_counting_checks_target`.
-    """
-    try:
-        bins: Tensor | None = _count(index, cells)  # mesh counting: validation checked target itself
-    except RuntimeError:  # a negative index
-        bins = None
-    if bins is None or bins.shape[0] != cells:
-        _raise_not_a_class(preds, target, num_classes, None)
-    return bins  # type: ignore[return-value]
-
-
 def _confusion_bins(
     preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, labels_checked: bool = False
 ) -> tuple[Tensor, Tensor | None]:
@@ -522,8 +495,7 @@ def _confusion_bins(
     width = num_classes + 1 if ignored_pred_column else num_classes
     cells = num_classes * width
     if labels_checked and ignore_index is None:
-        index = preds.add(_clamped_to_sinks(target, num_classes), alpha=width)
-        bins, counted = _checked_bincount(index, cells, preds, target, num_classes), None
+        bins, counted = _count(preds.add(target, alpha=width), cells), None
     else:
         if labels_checked:
             dropped = target == ignore_index
@@ -579,19 +551,10 @@ def _clamped_to_sinks(target: Tensor, num_classes: int) -> Tensor:
     return target.clamp(-1, num_classes)
 
 
-def _into_sink(index: Tensor, cells: int) -> Tensor:
-    """``index`` (a new tensor: written in place) with every value outside ``[0, cells)`` made ``cells``, the sink."""
-    return index.clamp_(-1, cells).remainder_(cells + 1)
-
-
-def _scatter_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
-    """Counts of ``index`` (int64, all in ``[0, size)``) in ``size`` cells, weighted (``None``: unit weights)."""
-    weights = _unit_weights(index) if weights is None else weights
-    return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, weights)
-
-
 def _put_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
-    """:func:`_scatter_counts` for ``index`` in ``[-1, size)``: -1 counts in the last cell (``put_`` wraps it).
+    """Counts of ``index`` (int64, in ``[-1, size)``) in ``size`` cells, weighted (``None``: unit weights).
+
+    -1 counts in the last cell (``put_`` wraps it).
 
     One kernel on CUDA (an atomic add per entry, as ``scatter_add_``); not taken in deterministic mode, where
     ``put_`` sorts (the callers count with upstream's mesh there).
@@ -600,62 +563,37 @@ def _put_counts(index: Tensor, size: int, weights: Tensor | None) -> Tensor:
     return torch.zeros(size, dtype=torch.long, device=index.device).put_(index, weights, accumulate=True)
 
 
-def _checked_sink(metric: Any | None, invalid: Tensor, integer: bool = False) -> Tensor | None:
+def _count_into_state(metric: Any, name: str, index: Tensor, weights: Tensor | None) -> None:
+    """``metric.<name>``'s flat cells ``index`` (int64, all in bounds) += ``weights`` (int64; ``None``: ones).
+
+    One ``put_`` into the state itself: nothing the size of the state is allocated per update (a ``C x C`` confusion
+    matrix at 10000 classes is 800 MB), and a captured CUDA graph replays into the metric's own tensor. A state that
+    is read-only (:func:`~torchmetrics_syncfree._states.read_only`) is replaced by the out-of-place ``put``. Where
+    upstream counts with its fixed-shape mesh (:func:`_mesh_counting`, MPS) the mesh counts and the counts are added.
+    """
+    state = getattr(metric, name)
+    if _mesh_counting() or index.is_mps:
+        if weights is not None:  # entries that weigh 0 go to an extra cell, cut off
+            index = torch.where(weights.bool(), index, state.numel())
+        add_to_states(metric, (name,), (_bincount(index, minlength=state.numel() + 1)[:-1].view(state.shape),))
+        return
+    weights = _unit_weights(index) if weights is None else weights
+    if read_only(state):
+        setattr(metric, name, state.put(index, weights, accumulate=True))
+    else:
+        state.put_(index, weights, accumulate=True)
+
+
+def _checked_sink(metric: Any | None, invalid: Tensor) -> Tensor | None:
     """With ``metric`` (``validate_args``): file the count of invalid entries and return ``keep``.
 
-    The count is an error's: any positive count raises once at the next eager point. ``keep`` (0-dim: no invalid
-    entry) leaves the batch out of the state: a bool, or with ``integer`` the count's dtype, 1 or 0, for multiplying
-    integer counts (``torch._foreach_mul`` of int64 tensors by a bool promotes each on its slow path: twice the host
-    time of one by an int64).
+    The count is an error's: any positive count raises once at the next eager point. ``keep`` (a 0-dim bool: no
+    invalid entry) leaves the batch out of the state.
     """
     if metric is None:
         return None
     _deferred.record(metric, _deferred.INVALID_VALUES, invalid)
-    return torch.pow(0, invalid) if integer else invalid.eq(0)  # 0 ** 0 == 1, 0 ** n == 0: one op, no bool
-
-
-def _lean_counting(preds: Tensor, target: Tensor, multidim_average: str = "global") -> bool:
-    """Whether :func:`_lean_confusion` counts this update: the device path, class-valued scores, integer targets."""
-    return (
-        preds.ndim == target.ndim + 1
-        and preds.is_floating_point()
-        and not target.is_floating_point()
-        and multidim_average == "global"
-        and not _deferred.reads_are_free(target)
-        and not _mesh_counting()
-        and not target.is_mps
-    )
-
-
-def _lean_rows(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
-    """The counts of scores ``preds`` (N, C, ...) on the device path as a ``(C + 1, C + 1)`` matrix, checks folded in.
-
-    One ``put_`` counts ``target * (C + 1) + argmax(preds)``: rows ``0..C-1`` hold the confusion matrix (rows: target,
-    columns: prediction; column ``C`` stays empty), row ``C`` is the sink. A target that is no class (below 0 or ``C``
-    and up) is clamped to -1 or ``C`` first, so that the product cannot wrap, and lands in the sink: directly (``C``)
-    or counted back from the end (-1: ``put_`` takes a negative index as Python does). Ignored entries weigh 0.
-    """
-    width = num_classes + 1
-    labels, target = _flat_long(preds.argmax(dim=1)), _flat_long(target)
-    index = labels.add(_clamped_to_sinks(target, num_classes), alpha=width)  # in [-C - 1, (C + 1)**2)
-    weights = None if ignore_index is None else (target != ignore_index).long()
-    # ``as_strided`` of the fresh contiguous buffer: the same view as ``view(C + 1, C + 1)``, half the host time
-    return _put_counts(index, width * width, weights).as_strided((width, width), (width, 1))
-
-
-def _lean_confusion(
-    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None, metric: Any | None
-) -> tuple[Tensor, Tensor | None]:
-    """The ``(C, C)`` confusion matrix of scores ``preds`` (N, C, ...) on the device path (:func:`_lean_rows`).
-
-    With ``metric`` (``validate_args``), the sink's count is the number of invalid entries: it feeds the metric's
-    check counter, and the returned ``keep`` (``sink == 0`` as 1 or 0, else ``None``) leaves the whole batch out, as
-    the stock validation's error would. Nine launches for the confusion matrix's update (stock: five, without a range
-    check), where a compare/any/where chain took twenty.
-    """
-    rows = _lean_rows(preds, target, num_classes, ignore_index)
-    keep = None if metric is None else _checked_sink(metric, rows[num_classes].sum(), integer=True)
-    return rows.as_strided((num_classes, num_classes), (num_classes + 1, 1)), keep  # the first C rows and columns
+    return invalid.eq(0)
 
 
 def _class_counts(
