@@ -71,6 +71,7 @@ from torchmetrics_syncfree.classification.stat_scores import (
     _file_invalid,
     _flat_long,
     _multiclass_shape_checks,
+    _multiclass_stat_scores_tensor_validation,
     _raise_not_a_class,
     _safe_divide,
     normalize_logits_if_needed,
@@ -130,6 +131,26 @@ def _multilabel_confusion_matrix_tensor_validation(
             f" but got {preds.shape[1]} and expected {num_labels}"
         )
     return _check_binary_values(metric, preds, target, ignore_index, "preds")
+
+
+@replaces(
+    f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation",
+    params=("preds", "target", "num_classes", "ignore_index"),
+    everywhere=True,
+)
+def _multiclass_confusion_matrix_tensor_validation(
+    preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None = None, metric: Any = None
+) -> Tensor | None:
+    """Stock's shape checks; with a ``metric``, the stat scores' label check (a flag), as the upstream series has it.
+
+    The patched ``MulticlassConfusionMatrix.update`` checks the labels with the clamp its counting needs
+    (:func:`_multiclass_cells`); this replacement keeps the function the series changes in step with it.
+    """
+    if metric is None:
+        return stock(f"{_FUNCTIONAL}._multiclass_confusion_matrix_tensor_validation")(
+            preds, target, num_classes, ignore_index
+        )
+    return _multiclass_stat_scores_tensor_validation(preds, target, num_classes, "global", ignore_index, metric=metric)
 
 
 # --------------------------------------------------------------------------------------------------------------------
