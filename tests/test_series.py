@@ -93,6 +93,33 @@ def test_a_failed_run_reports_its_tracebacks_not_only_its_summary():
     assert len(series._report_lines(long, returncode=1)) == series.FAILURE_LINES + 3
 
 
+def test_tree_mode_runs_the_tests_its_markers_select(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """CI's ``upstream`` environment leaves the slow tests out of tree mode: the marker expression reaches pytest."""
+    commands: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: object) -> object:
+        commands.append(command)
+        return type("Done", (), {"returncode": 0, "stdout": "1 passed"})()
+
+    monkeypatch.setattr(series.subprocess, "run", run)
+    touched = ["src/torchmetrics/classification/confusion_matrix.py"]
+    series._project_suites(tmp_path, tmp_path, touched, workers=1)
+    series._project_suites(tmp_path, tmp_path, touched, workers=1, markers="not cuda and not slow")
+    markers = [c[c.index("-m", c.index("pytest")) + 1] for c in commands]  # pytest's -m, not python's
+    assert markers == [series.PROJECT_MARKERS, "not cuda and not slow"]
+    assert "--project-markers" in _help("test")
+
+
+def _help(command: str) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        series.main([command, "--help"])
+    return out.getvalue()
+
+
 @needs_snapshots
 def test_series_applies_and_matches_the_layer(checkout: Path):
     """git am onto the snapshot, then every function the series changes is a layer target and vice versa."""

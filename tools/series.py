@@ -195,6 +195,10 @@ TESTS_FOR_SOURCE = {
         False,
     ),
 }
+#: the tree-mode project suites' tests (``test --project-markers``): all that run without CUDA; CI leaves out the slow
+#: ones (the compiled-step matrix, the breadth classes' Lightning sequences), which the layer runs on the latest
+#: release (``tox -e tm19``) and ``tox -e upstream-full`` runs in tree mode
+PROJECT_MARKERS = "not cuda"
 #: the heavy suites' unpatched outcomes, recorded per snapshot (``python tools/series.py baseline``): the default
 #: ``test`` compares with them instead of running the heavy suites a second time on the unpatched tree
 BASELINES_DIR = REPO / "tools" / "baselines"
@@ -702,8 +706,13 @@ def _ruff_findings(tree: Path, files: Sequence[str], ruff: str) -> Counter:
     return found
 
 
-def _project_suites(stock: Path, patched: Path, touched: Sequence[str], workers: int) -> tuple[bool, float, str]:
-    """The project's parity and probe suites with stock = ``stock/src`` and the layer's targets from ``patched``."""
+def _project_suites(
+    stock: Path, patched: Path, touched: Sequence[str], workers: int, markers: str = PROJECT_MARKERS
+) -> tuple[bool, float, str]:
+    """The project's parity and probe suites with stock = ``stock/src`` and the layer's targets from ``patched``.
+
+    ``markers``: the pytest marker expression of the tests that run (CI leaves out the slow ones).
+    """
     suites = sorted({t for path in touched for t in PROJECT_TESTS_FOR_SOURCE.get(path, ())})
     if not suites:
         return True, 0.0, "no project suite maps to the touched files"
@@ -711,7 +720,7 @@ def _project_suites(stock: Path, patched: Path, touched: Sequence[str], workers:
     env["TORCHMETRICS_SYNCFREE_FORCE"] = "1"  # the snapshots' version is checked by the tree mode itself
     env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "--tb=short"]
-    command += ["-m", "not cuda", *(["-n", str(workers)] if workers > 1 else []), *suites]
+    command += ["-m", markers, *(["-n", str(workers)] if workers > 1 else []), *suites]
     print("+", " ".join(command), "(in the project, tree mode)", flush=True)
     start = time.monotonic()
     result = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -937,7 +946,14 @@ def write_baseline(
 
 
 def check_series(
-    archives: Sequence[Path], series: Path, workers: int, ruff: str, baseline: str, project: str, heavy: str = "all"
+    archives: Sequence[Path],
+    series: Path,
+    workers: int,
+    ruff: str,
+    baseline: str,
+    project: str,
+    heavy: str = "all",
+    project_markers: str = PROJECT_MARKERS,
 ) -> int:
     """Apply the series to each snapshot and check it; returns the number of problems found."""
     patches = patch_files(series)
@@ -1001,7 +1017,7 @@ def check_series(
             rows.append((label, f"ruff ({len(sources)} files)", "", "clean" if not new_findings else "NEW FINDINGS", 0))
 
             if project == "all" or (project == "first" and index == 0):
-                ok, seconds, last = _project_suites(stock, patched, touched, workers)
+                ok, seconds, last = _project_suites(stock, patched, touched, workers, project_markers)
                 if not ok:
                     problems.append(f"{label}: the project's suites fail against the patched tree: {last}")
                 rows.append((label, "project suites (tree mode)", "", last, seconds))
@@ -1059,6 +1075,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_test.add_argument("--project", choices=("first", "all", "none"), default="first", help="trees for tree mode")
     p_test.add_argument(
+        "--project-markers",
+        default=PROJECT_MARKERS,
+        help=f"pytest -m expression of the tree-mode suites (default {PROJECT_MARKERS!r}; CI adds 'and not slow')",
+    )
+    p_test.add_argument(
         "--heavy",
         choices=("all", "subset", "none"),
         default="all",
@@ -1088,10 +1109,17 @@ def main(argv: list[str] | None = None) -> int:
             missing = [str(a) for a in archives if not a.is_file()]
             if missing:
                 raise SeriesError(f"snapshot(s) not found: {missing} (they live in ../shared/upstream/)")
-            project = args.project
-            return min(
-                1, check_series(archives, args.series, args.workers, args.ruff, args.baseline, project, args.heavy)
+            problems = check_series(
+                archives,
+                args.series,
+                args.workers,
+                args.ruff,
+                args.baseline,
+                args.project,
+                args.heavy,
+                args.project_markers,
             )
+            return min(1, problems)
     except SeriesError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -42,10 +42,10 @@ stock ``_update_state`` (1.7+): ``self.tp + tp``     in place (``add_``): a capt
 ==================================================  ===========================================================
 
 On CPU nothing needs avoiding: reading a value is free (:func:`torchmetrics_syncfree._deferred.reads_are_free`, false
-while a CPU ``SyncProbe`` simulates a GPU). The CPU path keeps the same results and checks at stock's host time or
-less: multiclass labels are checked with one ``aminmax`` read at once (with score ``preds`` the counting's sink
-counts the targets that are no class, read once at the update's end, before the state changes); labels checked that
-way need no validity mask.
+while a CPU ``SyncProbe`` simulates a GPU). The checks are the same code on every device: a
+device flag (multiclass: a label that clamping into the classes changes is no class; with score ``preds`` the
+counting's sink counts the targets that are no class) that :func:`_file_invalid` reads at once where reads are free,
+before the state changes, and files as a deferred check elsewhere; labels checked that way need no validity mask.
 
 The patched ``*StatScores.update`` passes the metric to the validation functions (``metric=``, as the upstream series
 does), which file the check with it and return the device flag; the update zeroes the batch's counts when it is set
@@ -366,12 +366,8 @@ def _multiclass_stat_scores_tensor_validation(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
-    if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
-        if preds.is_floating_point():  # its argmax is a class: only target needs checking
-            if _counting_checks_target(metric) or _all_classes(target, num_classes, ignore_index):
-                return None
-        elif _all_classes(target, num_classes, ignore_index) and _all_classes(preds, num_classes, ignore_index):
-            return None
+    if preds.is_floating_point() and _counting_checks_target(metric) and _deferred.reads_are_free(target):
+        return None  # the hinge loss's counting checks the targets where reads are free
     flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
         flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
