@@ -42,10 +42,10 @@ stock ``_update_state`` (1.7+): ``self.tp + tp``     in place (``add_``): a capt
 ==================================================  ===========================================================
 
 On CPU nothing needs avoiding: reading a value is free (:func:`torchmetrics_syncfree._deferred.reads_are_free`, false
-while a CPU ``SyncProbe`` simulates a GPU). The checks are the same code on every device: a
-device flag (multiclass: the labels' bounds, one ``aminmax``; with score ``preds`` the counting's sink counts the
-targets that are no class) that :func:`_file_invalid` reads at once where reads are free,
-before the state changes, and files as a deferred check elsewhere; labels checked that way need no validity mask.
+while a CPU ``SyncProbe`` simulates a GPU). The CPU path keeps the same results and checks at stock's host time or
+less: multiclass labels are checked with one ``aminmax`` read at once (with score ``preds`` the counting's sink
+counts the targets that are no class, read once at the update's end, before the state changes); labels checked that
+way need no validity mask.
 
 The patched ``*StatScores.update`` passes the metric to the validation functions (``metric=``, as the upstream series
 does), which file the check with it and return the device flag; the update zeroes the batch's counts when it is set
@@ -305,30 +305,21 @@ def _counting_checks_target(metric: Any) -> bool:
     return isinstance(metric, MulticlassHingeLoss)
 
 
-def _outside_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
-    """A 0-dim bool: some label is outside ``[0, num_classes)`` and not ``ignore_index`` (NaN is outside).
+def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
+    """Whether every label is in ``[0, num_classes)`` or ``ignore_index``, read on the host (only where reads are free).
 
-    From the labels' bounds (one ``aminmax``): nothing the size of ``labels`` is made. An ``ignore_index`` of -1 or
-    ``num_classes`` widens the bounds by one (nothing lies between it and the classes); any other ``ignore_index``
-    outside the classes is mapped to class 0 first.
+    One ``aminmax`` decides when ``ignore_index`` is a class, -1 or ``num_classes`` (nothing lies between it and the
+    classes); any other ``ignore_index`` outside the classes is mapped to class 0 first.
+
     """
     if ignore_index is not None and not -1 <= ignore_index <= num_classes:
         labels = labels.masked_fill(labels == ignore_index, 0)
-    if labels.dtype == torch.bool:  # no ``aminmax`` for bool
-        labels = labels.to(torch.uint8)
     if not labels.numel():
-        return torch.zeros((), dtype=torch.bool, device=labels.device)
-    low, high = torch.aminmax(labels)
-    lowest = -1 if ignore_index == -1 else 0
-    highest = num_classes if ignore_index == num_classes else num_classes - 1
-    if labels.is_floating_point():  # as "not inside": NaN compares false
-        return ~((low >= lowest) & (high <= highest))
-    return (low < lowest) | (high > highest)
-
-
-def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
-    """Whether every label is a class or ``ignore_index``, read on the host (only where reads are free)."""
-    return not bool(_outside_classes(labels, num_classes, ignore_index))
+        return True
+    # one read of both bounds; as Python numbers, not int(): a float target may hold NaN (no class, stock counts it
+    # as a miss) and an int64 label as large as 2**62 must not wrap in arithmetic
+    low, high = torch.stack(torch.aminmax(labels)).tolist()
+    return (low >= 0 or low == ignore_index) and (high < num_classes or high == ignore_index)
 
 
 def _raise_not_a_class(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> None:
@@ -375,11 +366,15 @@ def _multiclass_stat_scores_tensor_validation(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
-    if preds.is_floating_point() and _counting_checks_target(metric) and _deferred.reads_are_free(target):
-        return None  # the hinge loss's counting checks the targets where reads are free
-    flag = _outside_classes(target, num_classes, ignore_index)
+    if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
+        if preds.is_floating_point():  # its argmax is a class: only target needs checking
+            if _counting_checks_target(metric) or _all_classes(target, num_classes, ignore_index):
+                return None
+        elif _all_classes(target, num_classes, ignore_index) and _all_classes(preds, num_classes, ignore_index):
+            return None
+    flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
-        flag = flag | _outside_classes(preds, num_classes, ignore_index)
+        flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
     return _file_invalid(metric, flag, functools.partial(_raise_not_a_class, preds, target, num_classes, ignore_index))
 
 
