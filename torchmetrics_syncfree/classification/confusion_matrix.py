@@ -172,11 +172,23 @@ def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Te
     return torch.where((outside & kept).any(), normalized, preds)
 
 
-def _with_cells(index: Tensor, cells: int, counted: Tensor | None) -> tuple[Tensor, Tensor]:
-    """``index`` clamped into ``[0, cells)`` and ``counted`` cleared where it was outside: such entries have no cell."""
-    cell = index.clamp(0, cells - 1)
-    inside = cell == index
-    return cell, inside if counted is None else counted & inside
+def _in_four_cells(
+    self: Any, local: Tensor, counted: Tensor | None, invalid: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """``2 * target + pred`` kept in its four cells (binary, and each label of a multilabel update), and what counts.
+
+    Unless validation read the values and found only 0 and 1 (or an ignore_index that is one of them), the index is
+    clamped into the cells (a batch the unread flag leaves out, or ignored entries outside them); without validation
+    an entry outside them counts nowhere (stock fails in ``bincount``/``reshape``; one inside them counts where stock
+    counts it).
+    """
+    if not self.validate_args:
+        cell = local.clamp(0, 3)
+        inside = cell == local
+        return cell, inside if counted is None else counted & inside
+    if invalid is None and self.ignore_index in (None, 0, 1):  # read and valid: every entry has its cell
+        return local, counted
+    return local.clamp(0, 3), counted
 
 
 def _cleared(mask: Tensor | None, cleared: Tensor | None) -> Tensor | None:
@@ -204,21 +216,14 @@ def _count_cells(self: Any, index: Tensor, counted: Tensor | None, invalid: Tens
 def _binary_cells(self: Any, preds: Tensor, target: Tensor, invalid: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The cell ``2 * target + pred`` of every entry of a binary update, and which entries count.
 
-    Ignored entries do not count. Unless validation read the values and found only 0 and 1 (or the ignore_index),
-    the index is clamped into the four cells; without validation an entry outside them counts nowhere (stock fails
-    in ``bincount``/``reshape``; one inside them counts where stock counts it).
+    Ignored entries do not count; the four cells are kept by :func:`_in_four_cells`.
     """
     preds, target = preds.flatten(), _flat_long(target)
     ignore_index = self.ignore_index
     counted = None if ignore_index is None else target != ignore_index
     if preds.is_floating_point():
         preds = _probabilities(preds, counted, "sigmoid") > self.threshold
-    index = preds.add(target, alpha=2)
-    if self.validate_args and invalid is None and ignore_index in (None, 0, 1):  # every entry has its cell
-        return index, counted
-    if self.validate_args:  # a batch the flag leaves out, or ignored entries outside the cells: bounds only
-        return index.clamp(0, 3), counted
-    return _with_cells(index, 4, counted)
+    return _in_four_cells(self, preds.add(target, alpha=2), counted, invalid)
 
 
 def _multilabel_cells(self: Any, preds: Tensor, target: Tensor, invalid: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -233,12 +238,7 @@ def _multilabel_cells(self: Any, preds: Tensor, target: Tensor, invalid: Tensor 
     preds = torch.movedim(preds, 1, -1).reshape(-1, num_labels)
     target = torch.movedim(target, 1, -1).reshape(-1, num_labels)
     counted = None if ignore_index is None else target != ignore_index
-    local = preds.add(target, alpha=2)
-    if not (self.validate_args and invalid is None and ignore_index in (None, 0, 1)):
-        if self.validate_args:
-            local = local.clamp(0, 3)
-        else:
-            local, counted = _with_cells(local, 4, counted)
+    local, counted = _in_four_cells(self, preds.add(target, alpha=2), counted, invalid)
     device = local.device
     offsets = _cached(device, ("label offsets", num_labels), lambda: torch.arange(0, 4 * num_labels, 4, device=device))
     return (local + offsets).flatten(), None if counted is None else counted.flatten()
