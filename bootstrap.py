@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".bootstrap" / "venv"
 TOX = "tox>=4.20,<5"
-# what the default envlist's environments hold at their peak (tm17-19, one upstream and one support-matrix folder at a
-# time, lightning): about 12 GB; below this, pip fails deep inside an environment with "No space left on device"
+# what the default envlist's environments hold at their peak (tm17, tm19, one upstream and one support-matrix folder
+# at a time, lightning): about 11 GB; below this, pip fails deep inside an environment with "No space left on device"
 SUITE_DISK_BYTES = 15 * 2**30
 
 

@@ -11,10 +11,9 @@ default weight ``ones_like(value)`` (1.7+) or  no weight tensor at all: unit wei
 ``if nans.any() or nans_weight.any():``        a deferred check (``_deferred.record``): read at once on CPU;
                                                on the device path a counter in the metric's state, reported at
                                                an eager point (end of a later update, ``compute()``, ``reset()``)
-``x[~nans]`` (``"ignore"``/``"warn"``)         on the device path NaN entries are kept but neutralised: weight 0
+``x[~nans]`` (``"ignore"``/``"warn"``)         NaN entries are kept but neutralised, on every device: weight 0
                                                for means, 0 for sums (``nansum``), -inf/+inf for max/min;
-                                               ``CatMetric`` drops them in ``compute()``. Where reads are free
-                                               (CPU) a batch with NaN is compacted as stock does
+                                               ``CatMetric`` drops them in ``compute()``
 ``x[nans] = v`` (float strategy)               imputed into a new tensor with the input's strides: the caller's
                                                tensors are never written
 ============================================  ================================================================
@@ -25,9 +24,9 @@ its memory order). Each sum here runs over what stock's runs over, laid out as s
 ``SumMetric`` and for weights (``nansum`` where NaN may need leaving out, or a copy with the caller's strides), a dense
 tensor in the value's dimension order for ``MeanMetric``'s ``value * weight``. Values of float16, bfloat16 and float64
 are cast to the metric's dtype where stock casts them. A batch without NaN therefore gives stock's bits on both paths
-(``tests/test_strided_parity.py``); one with NaN under ``"warn"``/``"ignore"`` on the device path adds its kept
-entries in another order than stock's compacted tensor (stock's shape depends on the data: no sync-free update can
-reproduce it).
+(``tests/test_strided_parity.py``); one with NaN under ``"warn"``/``"ignore"`` adds its kept entries in another
+order than stock's compacted tensor (stock's shape depends on the data: no sync-free update can reproduce it), the
+same order on a CPU as on a GPU.
 
 Deliberate deviations from stock, each a stock bug (tested in ``tests/test_aggregation_parity.py``):
 
@@ -35,9 +34,9 @@ Deliberate deviations from stock, each a stock bug (tested in ``tests/test_aggre
   (e.g. a 0-dim weight tensor) only the NaN positions get the fill weight, instead of every position;
 * ``nan_strategy="disable"`` applies the given weights (stock 1.7+ silently replaces them with ones);
 * on torchmetrics 1.6, ``MeanMetric.update(value, weight=None)`` means unit weights, as in later releases;
-* device path, ``MeanMetric``/``SumMetric`` with ``"warn"``/``"ignore"`` and a batch that holds NaN: the kept entries
-  are added in the input's order (NaN entries add +0), not in the order of stock's compacted copy: equal up to float
-  rounding (``rtol`` 1e-5 in the tests), not to the bit.
+* ``MeanMetric``/``SumMetric`` with ``"warn"``/``"ignore"`` and a batch that holds NaN: the kept entries are added
+  in the input's order (NaN entries add +0), not in the order of stock's compacted copy: equal up to float rounding
+  (1e-6 in the tests), not to the bit, and the same bits on every device.
 
 How the checks of ``"warn"``/``"error"`` reach the user: see :mod:`torchmetrics_syncfree._deferred`. Where reads are
 free (CPU) at once, as stock; on the device path (CUDA, ``torch.compile``) the NaN count is a metric state reported at
@@ -117,11 +116,11 @@ def _to_metric_tensor(metric: Any, x: float | Tensor | Any) -> Tensor:
 def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tensor | None:
     """Entries of ``value`` that the metric's ``nan_strategy`` leaves out (or imputes), computed on the device.
 
-    Returns ``None`` when no entry needs leaving out: for ``"disable"``, and where reads are free (CPU) and the check
-    found no NaN, so that the update takes stock's own steps. Where reads are free, a mask that is not ``None`` means
-    the batch holds NaN; on the device path it may hold none. For ``"error"`` the mask is the 0-dim flag "this batch
-    holds a NaN" (it broadcasts over the batch), because stock never lets such a batch reach the state. Errors and
-    warnings are raised through :mod:`_deferred`.
+    Returns ``None`` when no entry needs leaving out: for ``"disable"``, and where the check of ``"warn"``/``"error"``
+    was read at once (:func:`_deferred.record`, CPU) and found no NaN. Otherwise the mask may be clear: the sums mask
+    by arithmetic, never by a data-dependent shape, so a batch adds the same bits on every device. For ``"error"`` the
+    mask is the 0-dim flag "this batch holds a NaN" (it broadcasts over the batch), because stock never lets such a
+    batch reach the state. Errors and warnings are raised through :mod:`_deferred`.
 
     """
     strategy = metric.nan_strategy
@@ -139,8 +138,7 @@ def _nan_mask(metric: Any, value: Tensor, weight: Tensor | None = None) -> Tenso
     if overflow is not None:  # stock's imputation raises: the batch is left out, as for "error"
         any_nan = nans.any()
         return any_nan if _deferred.record(metric, overflow, any_nan) else None
-    # "ignore" and float strategies report nothing; where reading the check is free, stock's ``if nans.any()``
-    return None if _deferred.reads_are_free(nans) and not nans.any() else nans
+    return nans  # "ignore" and float strategies report nothing
 
 
 def _fill_overflow(metric: Any, value: Tensor, weight: Tensor | None = None) -> _deferred.Check | None:
@@ -231,10 +229,10 @@ def _sum_as_stock(x: Tensor, imputed: Tensor, mask: Tensor) -> Tensor:
     """The sum of ``imputed`` (``x`` through :func:`_impute`) in the order of stock's sum over ``x`` imputed in place.
 
     Where ``imputed`` could not keep ``x``'s layout (entries of ``x`` share memory, the mask is not theirs) and the
-    mask may be clear (device path), the batch's sum is ``x``'s own unless something is masked: one more reduction,
-    so that a batch without NaN gets stock's bits.
+    mask may be clear, the batch's sum is ``x``'s own unless something is masked: one more reduction, so that a batch
+    without NaN gets stock's bits.
     """
-    if not _aliased(x) or imputed.stride() == x.stride() or _deferred.reads_are_free(mask):
+    if not _aliased(x) or imputed.stride() == x.stride():
         return imputed.sum()
     return torch.where(mask.any(), imputed.sum(), x.sum())
 
@@ -365,15 +363,12 @@ def _unit_weight_sums(metric: Any, value: Tensor, mask: Tensor | None, fill: flo
     value_ = _as_dtype(value, metric.dtype)
     if mask is None:
         return (value_ if _dense(value_) else value_.clone()).sum(), value.numel()
-    if _drops_batch(metric, value):  # device path: a batch that holds NaN never reaches the state
+    if _drops_batch(metric, value):  # a batch that holds NaN never reaches the state
         total = (value_ if _dense(value_) else value_.clone()).sum()
         return total.masked_fill(mask, 0.0), mask.logical_not() * value.numel()
     if fill is not None:  # imputed before the cast (see _fill_of); an imputed entry weighs 1 (1.7+)
         return _as_dtype(torch.where(mask, _fill_of(value, fill), value), metric.dtype).sum(), value.numel()
-    if _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction, which reads (free here)
-        kept = value_[~mask]
-        return kept.sum(), kept.numel()
-    # device path: NaN entries add 0 where they are; ``nansum`` adds in ``sum``'s order, without a copy
+    # NaN entries add 0 where they are; ``nansum`` adds in ``sum``'s order, without a copy
     total = value_.nansum() if _dense(value_) else _zeroed(value_, mask).sum()
     return total, mask.logical_not().sum(dtype=metric.weight.dtype)
 
@@ -389,7 +384,7 @@ def _weighted_sums(
     if mask is None:
         value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
         return (value * weight).sum(), weight.sum()
-    if _drops_batch(metric, value, weight):  # device path: a batch that holds NaN never reaches the state
+    if _drops_batch(metric, value, weight):  # a batch that holds NaN never reaches the state
         value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
         if value.requires_grad:  # a NaN weight must not reach the value's gradient (0 * NaN)
             value = torch.where(mask, 0.0, value)
@@ -400,11 +395,7 @@ def _weighted_sums(
         weight, imputed = _as_dtype(weight, metric.dtype), _as_dtype(imputed, metric.dtype)
         return (value * imputed).sum(), _sum_as_stock(weight, imputed, mask)
     value, weight = _as_dtype(value, metric.dtype), _as_dtype(weight, metric.dtype)
-    if _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction, which reads (free here)
-        kept = ~mask
-        value, weight = value[kept], weight[kept]
-        return (value * weight).sum(), weight.sum()
-    # device path: both factors masked, not their product: a NaN weight must not reach the value's gradient (0 * NaN)
+    # both factors masked, not their product: a NaN weight must not reach the value's gradient (0 * NaN)
     masked = _impute(weight, mask, 0.0)
     return (_zeroed(value, mask) * masked).sum(), _sum_as_stock(weight, masked, mask)
 
@@ -439,7 +430,7 @@ def _sum_of(metric: Any, value: Tensor) -> Tensor:
     """SumMetric's batch total: stock's ``value.to(dtype).sum()`` over the caller's layout, NaN as the strategy says.
 
     A NaN entry that is left out or imputed with +0.0 adds +0.0 where it is (``nansum``: the same order as ``sum``,
-    no copy), so a batch without NaN gets stock's bits on the device path too.
+    no copy), so a batch without NaN gets stock's bits on every device.
     """
     mask = _nan_mask(metric, value)
     if mask is None:
@@ -449,10 +440,8 @@ def _sum_of(metric: Any, value: Tensor) -> Tensor:
         return _as_dtype(_impute(value, mask, _fill_of(value, fill), own_nans=True), metric.dtype).sum()
     dropped = _drops_batch(metric, value)
     value = _as_dtype(value, metric.dtype)
-    if dropped:  # device path: a batch that holds NaN never reaches the state
+    if dropped:  # a batch that holds NaN never reaches the state
         return value.sum().masked_fill(mask, 0.0)
-    if fill is None and _deferred.reads_are_free(mask):  # the batch holds NaN: stock's compaction (reads, free here)
-        return value[~mask].sum()
     return value.nansum()
 
 
