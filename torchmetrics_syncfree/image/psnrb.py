@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.image.psnrb``: PeakSignalNoiseRatioWithBlockedEffect (its functional helpers).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_compute_bef``: the block borders' columns and     the same columns as strided views of the image (the
 rows as CPU index tensors (``torch.tensor(range)``,  borders) and as one copy of the blocks without their last
@@ -15,15 +15,16 @@ device=...)``
 ==================================================  ===========================================================
 
 On 1.6 and 1.7 the range is a state (the targets' largest range, float64 for float64 images) and stock's result
-takes the dtype of the formula it picks: under 2, the float32 states'; over 2, the range's. The device path gives the
-two formulas' common dtype (float64 there) both ways, with stock's values (documented deviation, pinned by a test).
+takes the dtype of the formula it picks: under 2, the float32 states'; over 2, the range's: a dtype that depends on the
+data. Where reads are free (CPU) that compute is stock's; elsewhere it gives the two formulas' common dtype (float64
+there) both ways, with stock's values (documented deviation, pinned by a test).
 
 A block size of 1, or one not smaller than the image's height and width, leaves one of stock's index lists empty:
 stock fails there (``IndexError``: an empty list becomes a float tensor). Those calls go to stock's function and fail
 as it does.
 
-Where reads are free (CPU) the helpers are stock's functions, so CPU results are stock's to the bit. On the device
-path the values are stock's to the bit too: every difference is the same subtraction, the squared differences sum
+``_compute_bef`` and ``_psnrb_update`` have one implementation on every device, with stock's values to the bit: every
+difference is the same subtraction, the squared differences sum
 over a contiguous tensor of stock's shape and order, and the ``if`` becomes a selection between the same products
 (``0 * diff`` keeps stock's ``-0.0`` and NaN). The metric's ``update`` and ``compute`` are stock's; they call these
 helpers.
@@ -70,8 +71,6 @@ def _border_sum(x: Tensor, dim: int, block_size: int) -> tuple[Tensor, Tensor]:
 @replaces(f"{_FUNCTIONAL}._compute_bef", params=("x", "block_size"), everywhere=True)
 def _compute_bef(x: Tensor, block_size: int = 8) -> Tensor:
     """Stock's block effect without index tensors or the host read of ``d_b > d_bc``."""
-    if _deferred.reads_are_free(x):
-        return stock(f"{_FUNCTIONAL}._compute_bef")(x, block_size)
     _, channels, height, width = x.shape
     if channels > 1:
         raise ValueError(f"`psnrb` metric expects grayscale images, but got images with {channels} channels.")
@@ -96,8 +95,6 @@ def _compute_bef(x: Tensor, block_size: int = 8) -> Tensor:
 @replaces(f"{_FUNCTIONAL}._psnrb_update", params=("preds", "target", "block_size"), everywhere=True)
 def _psnrb_update(preds: Tensor, target: Tensor, block_size: int = 8) -> tuple[Tensor, Tensor, Tensor]:
     """Stock's statistics; the number of observations made on the device, not copied there."""
-    if _deferred.reads_are_free(target):
-        return stock(f"{_FUNCTIONAL}._psnrb_update")(preds, target, block_size)
     sum_squared_error = torch.sum(torch.pow(preds - target, 2))
     return sum_squared_error, _compute_bef(preds, block_size=block_size), _count(target, target.numel())
 

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.image.scc``: SpatialCorrelationCoefficient (and ``spatial_correlation_coefficient``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_scc_per_channel_compute``: masked writes          ``masked_fill``: the same values, no data-dependent shapes
 ``var[var < 0] = 0``, ``den[den == 0] = 1``,
@@ -12,9 +12,9 @@ device in every update                               read): one fill plus one pe
                                                      filter: two), no copy
 ==================================================  ===========================================================
 
-Where reads are free (CPU) the helpers are stock's functions, so CPU results are stock's to the bit. On the device
-path the values are stock's to the bit too: every written value is the one stock writes, and the filter holds the
-same values in the preds' dtype. The metric's ``update`` and ``compute`` are stock's; they call these helpers.
+One implementation on every device, with stock's values to the bit: every written value is the one stock writes, and the
+filter holds the same values in the preds' dtype. The metric's ``update`` and ``compute`` are stock's; they call these
+helpers.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred, _instrumentation
+from torchmetrics_syncfree import _instrumentation
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.image import made_on_device
 
@@ -40,7 +40,7 @@ def _filter_on(hp_filter: Tensor, dtype: torch.dtype, device: torch.device) -> T
 def _scc_update(preds: Tensor, target: Tensor, hp_filter: Tensor, window_size: int) -> tuple[Tensor, Tensor, Tensor]:
     """Stock's checks and conversions; a CPU filter is made on the preds' device instead of copied there."""
     moves = hp_filter.device.type == "cpu" and hp_filter.ndim == 2 and preds.device.type != "cpu"
-    if _deferred.reads_are_free(preds) or not moves:
+    if not moves:
         return stock(f"{_FUNCTIONAL}._scc_update")(preds, target, hp_filter, window_size)
     # stock's checks and conversions, with an empty stand-in filter already on the device (nothing to copy)
     preds, target, _ = stock(f"{_FUNCTIONAL}._scc_update")(preds, target, preds.new_empty(0), window_size)
@@ -52,8 +52,6 @@ def _scc_update(preds: Tensor, target: Tensor, hp_filter: Tensor, window_size: i
 )
 def _scc_per_channel_compute(preds: Tensor, target: Tensor, hp_filter: Tensor, window_size: int) -> Tensor:
     """Stock's per-channel coefficients; the masked writes as ``masked_fill``."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._scc_per_channel_compute")(preds, target, hp_filter, window_size)
     from torchmetrics.functional.image.scc import _hp_2d_laplacian, _local_variance_covariance
 
     window = torch.ones(size=(1, 1, window_size, window_size), dtype=preds.dtype, device=preds.device) / (

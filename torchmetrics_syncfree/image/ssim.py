@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.image.ssim``: MultiScaleStructuralSimilarityIndexMeasure, StructuralSimilarityIndexMeasure.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_multiscale_ssim_update``: ``torch.tensor(betas,   the same ``(len(betas), 1)`` tensor made on the device: one
 device=...)``, a host-to-device copy per call        fill, plus one per exponent that differs from the most
@@ -20,12 +20,11 @@ per call, per scale in MS-SSIM)                      in float32 below 2**24, in 
 ==================================================  ===========================================================
 
 StructuralSimilarityIndexMeasure shares ``_ssim_update``: with its default ``data_range=None`` it read the images'
-range on the host, with ``gaussian_kernel=False`` it copied the kernel size. On the device path ``_ssim_update`` is
-the layer's copy of stock's function with these two changes. Where reads are free (CPU) the helpers and the update
-are stock's, so CPU results are stock's to the bit. On the device path the values are stock's to the bit too: the
-exponents are the same values in the same dtype (``torch.tensor``'s: the default float dtype), raised with the same
-tensor ``pow``, the range is the larger of the same two, the kernel's size the same number, and the count adds the
-same number. Exponents that are not Python numbers (tensors, complex) take stock's path.
+range on the host, with ``gaussian_kernel=False`` it copied the kernel size. ``_ssim_update`` is the layer's copy of
+stock's function with these two changes, on every device. The values are stock's to the bit: the exponents are the
+same values in the same dtype (``torch.tensor``'s: the default float dtype), raised with the same tensor ``pow``, the
+range is the larger of the same two, the kernel's size the same number, and the count adds the same number.
+Exponents that are not Python numbers (tensors, complex) take stock's path.
 
 Documented deviation: where one image range is NaN (images holding NaN), ``torch.maximum`` gives NaN where Python's
 ``max`` may give the other range; the similarity of such images is NaN either way.
@@ -45,7 +44,6 @@ from torchmetrics.functional.image import ssim as _stock_ssim
 from torchmetrics.functional.image.ssim import _get_normalized_sim_and_cs, _ssim_check_inputs
 from torchmetrics.functional.image.utils import _gaussian_kernel_2d, _gaussian_kernel_3d, _reflection_pad_3d
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.image import made_on_device
 
@@ -88,11 +86,6 @@ def _ssim_update(
     return_contrast_sensitivity: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Stock's similarity; the default range by ``torch.maximum``, the uniform kernel's size made on the device."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._ssim_update")(
-            preds, target, gaussian_kernel, sigma, kernel_size, data_range, k1, k2, return_full_image,
-            return_contrast_sensitivity,
-        )  # fmt: skip
     is_3d = preds.ndim == 5
     if not isinstance(kernel_size, Sequence):
         kernel_size = 3 * [kernel_size] if is_3d else 2 * [kernel_size]
@@ -204,7 +197,7 @@ def _multiscale_ssim_update(
 ) -> Tensor:
     """Stock's multi-scale similarity; the exponents made on the device instead of copied there."""
     dtype = _dtype_of(betas) if isinstance(betas, Sequence) else None
-    if _deferred.reads_are_free(preds) or dtype is None or not betas:
+    if dtype is None or not betas:
         return stock(f"{_FUNCTIONAL}._multiscale_ssim_update")(
             preds, target, gaussian_kernel, sigma, kernel_size, data_range, k1, k2, betas, normalize
         )
@@ -257,8 +250,6 @@ def _multiscale_ssim_update(
 @replaces(f"{_CLASS}.update", params=("self", "preds", "target"), kind="metric_method")
 def _ms_ssim_update(self: Any, preds: Tensor, target: Tensor) -> None:
     """Stock's update; the image count added as a Python number, not copied to the device."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_CLASS}.update")(self, preds, target)
     preds, target = _ssim_check_inputs(preds, target)
     similarity = _multiscale_ssim_update(
         preds,

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.image.vif``: VisualInformationFidelity (and the functional ``visual_information_fidelity``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_vif_per_channel``: ``torch.tensor(1e-10,          ``torch.full((), value, dtype=..., device=...)``: the same
 device=...)`` and ``torch.tensor(sigma_n_sq,         0-dim values, made on the device
@@ -11,10 +11,10 @@ masked writes ``g[mask] = 0``,                       ``masked_fill`` and ``torch
 masks per scale, four scales)
 ==================================================  ===========================================================
 
-Where reads are free (CPU) the helper is stock's function, so CPU results are stock's to the bit. On the device path
-the values are stock's to the bit too: every written value is the one stock writes, and the sums run over the same
-tensors. 1.6 and 1.7 start the per-image sums from a one-element zero and add out of place; adding to a zero of the
-batch's size gives the same values and shape. The metric's ``update`` and ``compute`` are stock's.
+One implementation on every device, with stock's values to the bit: every written value is the one stock writes, and the
+sums run over the same tensors. 1.6 and 1.7 start the per-image sums from a one-element zero and add out of place;
+adding to a zero of the batch's size gives the same values and shape. The metric's ``update`` and ``compute`` are
+stock's.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from torch import Tensor
 from torch.nn.functional import conv2d
 from torchmetrics.functional.image.vif import _filter
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 
 _FUNCTIONAL = "torchmetrics.functional.image.vif"
 
@@ -33,8 +32,6 @@ _FUNCTIONAL = "torchmetrics.functional.image.vif"
 @replaces(f"{_FUNCTIONAL}._vif_per_channel", params=("preds", "target", "sigma_n_sq"), everywhere=True)
 def _vif_per_channel(preds: Tensor, target: Tensor, sigma_n_sq: float) -> Tensor:
     """Stock's VIF of one channel; its constants made on the device and its masked writes as selections."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._vif_per_channel")(preds, target, sigma_n_sq)
     dtype, device = preds.dtype, preds.device
     preds, target = preds.unsqueeze(1), target.unsqueeze(1)
     eps = torch.full((), 1e-10, dtype=dtype, device=device)

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.regression.concordance``: ConcordanceCorrCoef's ``compute`` (and so ``forward``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_concordance_corrcoef_compute`` calls stock's      the Pearson coefficient of the project's PearsonCorrCoef
 ``_pearson_corrcoef_compute``: ``if (var_x <         fix (:mod:`~torchmetrics_syncfree.regression.pearson`):
@@ -10,10 +10,10 @@ valid_mask.any(): corrcoef[valid_mask] = ...``       ``torch.where`` instead of 
 ==================================================  ===========================================================
 
 ConcordanceCorrCoef is a PearsonCorrCoef: its ``__init__`` (the warning's counters) and ``update`` are the patched
-Pearson ones. Its own ``compute`` does not reach Pearson's, so it is replaced here. Where host reads are free (CPU)
-it is stock's. On the device path the values are stock's to the bit (the same elementwise operations, stock's
-``_final_aggregation`` for the stacked states of several ranks), and the variance warning comes at the metric's next
-eager point, once per offending ``compute``, as for PearsonCorrCoef.
+Pearson ones. Its own ``compute`` does not reach Pearson's, so it is replaced here, one implementation on every
+device. The values are stock's to the bit (the same elementwise operations, stock's ``_final_aggregation`` for the
+stacked states of several ranks), and the variance warning comes as for PearsonCorrCoef: at once where reads are free
+(CPU), else at the metric's next eager point, once per offending ``compute``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.regression.pearson import _coefficient, final_statistics
 
 _MODULE = "torchmetrics.regression.concordance"
@@ -31,9 +30,7 @@ _MODULE = "torchmetrics.regression.concordance"
 
 @replaces(f"{_MODULE}.ConcordanceCorrCoef.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    if _deferred.reads_are_free(self.var_x):
-        return stock(f"{_MODULE}.ConcordanceCorrCoef.compute")(self)
+    """Stock's ``compute``: the same value without host reads."""
     mean_x, mean_y, max_x, max_y, var_x, var_y, corr_xy, nb = final_statistics(self)
     pearson = _coefficient(self, var_x, var_y, corr_xy, nb, max_x, max_y)
     # stock's ``_concordance_corrcoef_compute`` after its Pearson coefficient

@@ -1,15 +1,15 @@
 """Sync-free ``torchmetrics.regression.explained_variance``: ExplainedVariance's ``compute`` (and ``forward``'s).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``output_scores[valid_score] = 1.0 - num / den``     ``torch.where`` (the same elementwise operations)
 (boolean-mask read and write),
 ``output_scores[num != 0 & den == 0] = 0.0``
 ==================================================  ===========================================================
 
-The update reads nothing and stays stock's. Where host reads are free (CPU) ``compute`` is stock's; on the device
-path its values are stock's to the bit (the same elementwise operations and reductions).
+The update reads nothing and stays stock's. ``compute`` has one implementation on every device, with stock's values to
+the bit (the same elementwise operations and reductions).
 """
 
 from __future__ import annotations
@@ -19,18 +19,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 
 _MODULE = "torchmetrics.regression.explained_variance"
 
 
 @replaces(f"{_MODULE}.ExplainedVariance.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    """Stock's ``compute``: the same value without host reads."""
     num_obs = self.num_obs
-    if _deferred.reads_are_free(num_obs):
-        return stock(f"{_MODULE}.ExplainedVariance.compute")(self)
     diff_avg = self.sum_error / num_obs
     numerator = self.sum_squared_error / num_obs - (diff_avg * diff_avg)
     target_avg = self.sum_target / num_obs

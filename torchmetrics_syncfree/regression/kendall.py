@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.regression.kendall``: KendallRankCorrCoef's ``compute`` (and so ``forward``'s value).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``torch.tensor(preds.shape[0], device=...)``: a      ``torch.full``: the same int64 0-dim count, filled on the
 host-to-device copy of the count                     device
@@ -19,11 +19,11 @@ argument checks) and ``p.where(~nan, torch.tensor    back with ``masked_fill``
 
 The update reads nothing (shape checks, list appends) and stays stock's. Replaced are the functional helpers
 ``_get_metric_metadata``, ``_get_ties``, ``_calculate_tau`` and ``_get_p_value_for_t_value_from_dist`` (so the
-functional ``kendall_rank_corrcoef`` is sync-free too); where host reads are free (CPU) each is stock's. The sort and
+functional ``kendall_rank_corrcoef`` is sync-free too), one implementation on every device. The sort and
 the pair counting (``_sort_on_first_sequence``, ``_count_concordant_pairs``, ``_count_discordant_pairs``,
 ``_convert_sequence_to_dense_rank``) read nothing and stay stock's.
 
-On the device path tau (every variant) is stock's to the bit: the pair counts and ties are integers. Documented
+Tau (every variant) is stock's to the bit: the pair counts and ties are integers. Documented
 deviations: the p-value's tie statistics (``ties_p1``, ``ties_p2``) are float32 sums as in stock, but over every
 slot instead of the tie groups alone: where a tie group has more than about 250 members its terms are no longer
 exact in float32 and the other summation order may change the last bits of the p-value (relative 1e-6). With NaN
@@ -39,7 +39,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.regression.log_cosh import count_of
 
@@ -49,8 +48,6 @@ _FUNCTIONAL = "torchmetrics.functional.regression.kendall"
 @replaces(f"{_FUNCTIONAL}._get_ties", params=("x",))
 def _get_ties(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Stock's tie statistics of the sorted dense ranks ``x`` (``n x outputs``), counted in ``n`` fixed slots."""
-    if _deferred.reads_are_free(x):
-        return stock(f"{_FUNCTIONAL}._get_ties")(x)
     # dense ranks of a sorted column are 0 .. groups-1 < n: a bincount with n slots per output, no data-sized length
     n_ties = torch.zeros_like(x).scatter_add_(0, x, torch.ones_like(x))
     # groups of 0 or 1 add 0 to each statistic (stock drops them with ``n_ties[n_ties > 1]``)
@@ -63,9 +60,7 @@ def _get_ties(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 @replaces(f"{_FUNCTIONAL}._get_metric_metadata", params=("preds", "target", "variant"))
 def _get_metric_metadata(preds: Tensor, target: Tensor, variant: Any) -> tuple[Any, ...]:
-    """Stock's ``_get_metric_metadata`` where reads are free; otherwise the count filled instead of copied."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._get_metric_metadata")(preds, target, variant)
+    """Stock's ``_get_metric_metadata`` with the count filled instead of copied."""
     from torchmetrics.functional.regression import kendall
 
     preds, target = kendall._sort_on_first_sequence(preds, target)
@@ -124,11 +119,11 @@ def _calculate_tau(
     target_ties: Tensor | None,
     variant: Any,
 ) -> Tensor:
-    """Stock's ``_calculate_tau``; variant c counts the distinct values without ``unique`` on the device path."""
+    """Stock's ``_calculate_tau``; variant c counts the distinct values without ``unique``."""
     from torchmetrics.functional.regression.kendall import _MetricVariant
 
     args = (preds, target, concordant_pairs, discordant_pairs, con_min_dis_pairs, n_total, preds_ties, target_ties)
-    if variant != _MetricVariant.C or _deferred.reads_are_free(preds):  # a and b read nothing
+    if variant != _MetricVariant.C:  # a and b read nothing
         return stock(f"{_FUNCTIONAL}._calculate_tau")(*args, variant)
     min_classes = torch.minimum(_distinct(preds), _distinct(target))
     return 2 * con_min_dis_pairs / ((min_classes - 1) / min_classes * n_total**2)
@@ -137,8 +132,6 @@ def _calculate_tau(
 @replaces(f"{_FUNCTIONAL}._get_p_value_for_t_value_from_dist", params=("t_value",))
 def _get_p_value_for_t_value_from_dist(t_value: Tensor) -> Tensor:
     """Stock's standard normal CDF of ``t_value`` (NaN stays NaN) without host copies or argument checks."""
-    if _deferred.reads_are_free(t_value):
-        return stock(f"{_FUNCTIONAL}._get_p_value_for_t_value_from_dist")(t_value)
     is_nan = t_value.isnan()
     # ``Normal(0, 1).cdf``: ``0.5 * (1 + erf((value - loc) * scale.reciprocal() / sqrt(2)))``; loc and scale are
     # one-element tensors of ``t_value``'s dtype, so the result has at least one dimension

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.regression.log_cosh``: LogCoshError's update (and the functional ``log_cosh_error``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``torch.tensor(target.shape[0], device=...)``: a     the metric adds the count to its state as a number (one
 host-to-device copy of the batch's count             launch, the copy's saved); the functional's count by
@@ -9,8 +9,8 @@ host-to-device copy of the batch's count             launch, the copy's saved); 
 ==================================================  ===========================================================
 
 Replaced are the metric's ``update`` and ``_log_cosh_error_update`` (every TorchMetrics module's reference to it:
-the functional ``log_cosh_error``); where host reads are free (CPU) they are stock's. On the device path the sum is
-stock's expression, so the values are stock's to the bit. ``compute`` reads nothing (a division) and stays stock's.
+the functional ``log_cosh_error``), one implementation on every device. The sum is stock's expression, so the values
+are stock's to the bit. ``compute`` reads nothing (a division) and stays stock's.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from torch import Tensor
 from torchmetrics.functional.regression.utils import _check_data_shape_to_num_outputs
 from torchmetrics.utilities.checks import _check_same_shape
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 
 _FUNCTIONAL = "torchmetrics.functional.regression.log_cosh"
 _MODULE = "torchmetrics.regression.log_cosh"
@@ -46,17 +45,12 @@ def _sum(preds: Tensor, target: Tensor, num_outputs: int) -> Tensor:
 
 @replaces(f"{_FUNCTIONAL}._log_cosh_error_update", params=("preds", "target", "num_outputs"), everywhere=True)
 def _log_cosh_error_update(preds: Tensor, target: Tensor, num_outputs: int) -> tuple[Tensor, Tensor]:
-    """Stock's ``_log_cosh_error_update`` where reads are free; otherwise the same values, the count filled."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._log_cosh_error_update")(preds, target, num_outputs)
+    """Stock's ``_log_cosh_error_update``: the same values, the count filled instead of copied."""
     return _sum(preds, target, num_outputs), count_of(target.shape[0], preds)
 
 
 @replaces(f"{_MODULE}.LogCoshError.update", params=("self", "preds", "target"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor) -> None:
-    """Stock's update where reads are free; otherwise the count added as a number (no tensor made for it)."""
-    if _deferred.reads_are_free(preds):
-        stock(f"{_MODULE}.LogCoshError.update")(self, preds, target)
-        return
+    """Stock's update with the count added as a number (no tensor made for it)."""
     self.sum_log_cosh_error += _sum(preds, target, self.num_outputs)
     self.total += target.shape[0]

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.regression.pearson``: PearsonCorrCoef's ``compute`` (and so ``forward``'s batch value).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``if (var_x < bound).any() or ...: rank_zero_warn``  the flag filed as a deferred warning of the metric (one
                                                      counter per dtype: the message names it)
@@ -16,8 +16,8 @@ followed, told apart by feature (1.7.4 has 1.9's code, 1.7.1 not): 1.6 (warning 
 variances), 1.7.4-1.9 (statistics scaled by the largest absolute deviation; non-finite statistics masked too). The
 releases before the scaling read the prior count in their update (``if num_prior.mean() > 0``): replaced too.
 
-Where host reads are free (CPU) ``compute`` is stock's. On the device path the values are stock's to the bit, and
-the warning comes at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or
+``compute`` has one implementation on every device, with stock's values to the bit; the warning comes at once where
+reads are free (CPU), else at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or
 ``reset()``), once per offending ``compute``, under DDP from rank zero only (stock's ``rank_zero_warn``).
 """
 
@@ -197,9 +197,7 @@ def _update(self: Any, preds: Tensor, target: Tensor) -> None:
 
 @replaces(f"{_MODULE}.PearsonCorrCoef.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    if _deferred.reads_are_free(self.var_x):
-        return stock(f"{_MODULE}.PearsonCorrCoef.compute")(self)
+    """Stock's ``compute``: the same value without host reads."""
     _, _, max_x, max_y, var_x, var_y, corr_xy, n_total = final_statistics(self)
     return _coefficient(self, var_x, var_y, corr_xy, n_total, max_x, max_y)
 

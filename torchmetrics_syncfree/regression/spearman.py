@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.regression.spearman``: SpearmanCorrCoef's ``compute`` (and so ``forward``'s batch value).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_rank_data``: 1.7.4+ ``torch.unique(...,            one ``sort`` per output; a tie-group id per sorted value
 return_inverse, return_counts)`` + ``scatter_add``;  (running count of value changes); the group's first and
@@ -10,14 +10,14 @@ masks) and a Python loop over the repeated values    tie's rank, the mean of its
                                                      ``(first + end + 1) / 2``
 ==================================================  ===========================================================
 
-The update reads nothing (dtype and shape checks, list appends) and stays stock's. Where host reads are free (CPU)
-``compute`` is stock's. On the device path twice each rank is an exact integer, halved in stock's rank dtype (float32
+The update reads nothing (dtype and shape checks, list appends) and stays stock's. ``compute`` has one implementation
+on every device: twice each rank is an exact integer, halved in stock's rank dtype (float32
 from 1.7.4 on, the data's dtype before), so the ranks equal stock's rounded ranks; the rest of ``compute`` is stock's
 arithmetic on tensors of stock's layout, so the values are stock's to the bit. Ten kernels rank a tensor where stock
 launches eight and reads the host (``unique``).
 
 Deliberate deviations (documented): stock 1.7.4+ sums the ranks of a tie group in int32, which overflows for ties
-whose rank sum passes 2**31 (e.g. 70,000 equal values); the device path's ranks stay exact there. NaN inputs: each
+whose rank sum passes 2**31 (e.g. 70,000 equal values); the ranks here stay exact there. NaN inputs: each
 NaN is its own tie group here (NaN compares unequal); stock's ``torch.unique`` may group them.
 """
 
@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 
 _MODULE = "torchmetrics.regression.spearman"
 _FUNCTIONAL = "torchmetrics.functional.regression.spearman"
@@ -67,11 +66,9 @@ def rank_data(data: Tensor) -> Tensor:
 
 @replaces(f"{_MODULE}.SpearmanCorrCoef.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
+    """Stock's ``compute``: the same value without host reads."""
     preds = dim_zero_cat(self.preds)
     target = dim_zero_cat(self.target)
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_MODULE}.SpearmanCorrCoef.compute")(self)
     eps = 1e-6  # stock's default of ``_spearman_corrcoef_compute``
     if preds.ndim == 1:
         preds, target = rank_data(preds), rank_data(target)

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.regression.tweedie_deviance``: TweedieDevianceScore's update (and so ``forward``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``torch.tensor(torch.numel(score), device=...)``:    the count added to the state as a number (and, where
 a host-to-device copy of the count                   the batch is left out, taken away again by the flag)
@@ -11,14 +11,15 @@ raise ValueError(...)`` (powers other than 0)        error of the metric (stock'
 ``_safe_xlogy`` (power 1): ``res[x == 0] = 0.0``     ``masked_fill(x == 0, 0.0)``: the same values
 ==================================================  ===========================================================
 
-Replaced are the metric's ``__init__`` (its check counter) and ``update``, and ``_tweedie_deviance_score_update``
-(every TorchMetrics module's reference to it: the functional ``tweedie_deviance_score``); where host reads are free
-(CPU) they are stock's. On the device path the deviance is stock's expression (``torch.zeros`` made only for the
-powers that use it), so the values are stock's to the bit; a batch with invalid values raises stock's ``ValueError``
-at the metric's next eager point (the end of the update, as stock, when the device has finished it; else a later update,
-``compute()`` or ``reset()``) and is left out of the states. ``compute`` reads nothing and stays stock's. The
-functional ``tweedie_deviance_score`` has no metric to defer to: at powers other than 0 it reads its one flag and
-raises at once (stock: up to two reads, a boolean-mask write and a copy); at power 0 it reads nothing.
+Replaced are the metric's ``__init__`` (its check counter) and ``update``, and ``_tweedie_deviance_score_update`` (every
+TorchMetrics module's reference to it: the functional ``tweedie_deviance_score``), one implementation on every device.
+The deviance is stock's expression (``torch.zeros`` made only for the powers that use it), so the values are stock's to
+the bit; a batch with invalid values raises stock's ``ValueError`` where reads are free (CPU) inside the update, before
+the states change, as stock; elsewhere at the metric's next eager point (the end of the update when the device has
+finished it; else a later update, ``compute()`` or ``reset()``), the batch left out of the states. ``compute`` reads
+nothing and stays stock's. The functional ``tweedie_deviance_score`` has no metric to defer to: at powers other than 0
+it reads its one flag and raises at once (stock: up to two reads, a boolean-mask write and a copy); at power 0 it reads
+nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from torch import Tensor
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
+from torchmetrics_syncfree.regression.kl_divergence import _safe_xlogy
 from torchmetrics_syncfree.regression.log_cosh import count_of
 
 _MODULE = "torchmetrics.regression.tweedie_deviance"
@@ -97,9 +99,8 @@ def _deviance(preds: Tensor, targets: Tensor, power: float) -> Tensor:
     """Stock's elementwise deviance of ``_tweedie_deviance_score_update`` (its value checks done by the caller)."""
     if power == 0:
         return torch.pow(targets - preds, exponent=2)
-    if power == 1:  # Poisson; stock's ``_safe_xlogy(targets, targets / preds)`` without the boolean-mask write
-        xlogy = (targets * torch.log(targets / preds)).masked_fill(targets == 0, 0.0)
-        return 2 * (xlogy + preds - targets)
+    if power == 1:  # Poisson
+        return 2 * (_safe_xlogy(targets, targets / preds) + preds - targets)
     if power == 2:  # Gamma
         return 2 * (torch.log(preds / targets) + (targets / preds) - 1)
     zero_tensor = torch.zeros(preds.shape, device=preds.device)  # stock's (float32: it promotes half inputs)
@@ -124,8 +125,6 @@ def _tweedie_deviance_score_update(preds: Tensor, targets: Tensor, power: float 
     The functional ``tweedie_deviance_score`` has no metric to defer its error to: powers other than 0 read their one
     flag (stock: up to two reads, a boolean-mask write at power 1 and the count's copy); power 0 reads nothing.
     """
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._tweedie_deviance_score_update")(preds, targets, power)
     deviance_score, invalid = _checked(preds, targets, power)
     if invalid is not None and bool(invalid):
         raise ValueError(_message(power))
@@ -135,9 +134,6 @@ def _tweedie_deviance_score_update(preds: Tensor, targets: Tensor, power: float 
 @replaces(f"{_MODULE}.TweedieDevianceScore.update", params=("self", "preds", "targets"), kind="metric_method")
 def _update(self: Any, preds: Tensor, targets: Tensor) -> None:
     """Stock's update where reads are free; otherwise the same states, invalid values filed instead of read."""
-    if _deferred.reads_are_free(preds):
-        stock(f"{_MODULE}.TweedieDevianceScore.update")(self, preds, targets)
-        return
     power = self.power
     deviance_score, invalid = _checked(preds, targets, power)
     sum_deviance_score = torch.sum(deviance_score)

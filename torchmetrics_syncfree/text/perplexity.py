@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.text.perplexity``: Perplexity (and the functional ``perplexity``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``torch.tensor(0, device=...)`` to replace           ``masked_fill(ignored, 0)``: no host-to-device copy
 ignored targets
@@ -12,12 +12,11 @@ copied to the device                                 device (negative targets wr
                                                      ``numel`` without ``ignore_index``)
 ==================================================  ===========================================================
 
-The input checks (``_check_shape_and_type_consistency``: ranks, shapes and dtypes) read host information only and
-raise at once, as stock. Where reads are free (CPU) the update is stock's function, so CPU results are stock's to the
-bit. On the device path, without ``ignore_index``, the sum is over the same values in the same order: stock's to the
-bit. With ``ignore_index`` it runs over every position, the ignored ones adding 0: the float sum may differ from
-stock's (over the kept entries only) in the last bits (relative 1e-6 in float32), as any change of summation order.
-The gradient through ignored positions is 0, as in stock.
+The input checks (``_check_shape_and_type_consistency``: ranks, shapes and dtypes) read host information only and raise
+at once, as stock. The update has one implementation on every device. Without ``ignore_index`` the sum is over the same
+values in the same order: stock's to the bit. With ``ignore_index`` it runs over every position, the ignored ones adding
+0: the float sum may differ from stock's (over the kept entries only) in the last bits (relative 1e-6 in float32), as
+any change of summation order. The gradient through ignored positions is 0, as in stock.
 
 """
 
@@ -27,8 +26,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.text.perplexity import _check_shape_and_type_consistency
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 
 _FUNCTIONAL = "torchmetrics.functional.text.perplexity"
 
@@ -36,8 +34,6 @@ _FUNCTIONAL = "torchmetrics.functional.text.perplexity"
 @replaces(f"{_FUNCTIONAL}._perplexity_update", params=("preds", "target", "ignore_index"), everywhere=True)
 def _perplexity_update(preds: Tensor, target: Tensor, ignore_index: int | None = None) -> tuple[Tensor, Tensor]:
     """Stock's statistics with fixed shapes: ignored positions add 0 instead of being selected away."""
-    if _deferred.reads_are_free(preds):
-        return stock(f"{_FUNCTIONAL}._perplexity_update")(preds, target, ignore_index)
     _check_shape_and_type_consistency(preds, target)
     probs = torch.nn.functional.softmax(preds.reshape(-1, preds.shape[-1]), dim=1)
     target = target.reshape(-1)
