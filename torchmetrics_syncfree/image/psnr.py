@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.image.psnr``: PeakSignalNoiseRatio (and the helpers of ``peak_signal_noise_ratio``).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``_psnr_update``: ``tensor(target.numel(),           ``torch.full((), numel, device=...)``: a kernel argument,
 device=...)``; with ``dim``: ``tensor(target.size(), no copy (the count is known on the host), expanded as
@@ -10,12 +10,12 @@ device=...)[dim_list].prod()``                       stock's
                                                      host and applied as a Python number
 ==================================================  ===========================================================
 
-The metric's ``update`` and ``compute`` are stock's; they call these helpers. Where reads are free (CPU) the helpers
-are stock's functions, so CPU results are stock's to the bit. On the device path the values are stock's to the bit
-too: the counts are the same integers, and stock's CPU 0-dim factor enters a device computation as a scalar, exactly
-as the Python number does. Every version's ``data_range`` (``None`` on 1.6, whose min/max states need no host read;
-a number; a ``(min, max)`` tuple that clamps) goes through the same helpers. The functional
-``peak_signal_noise_ratio`` builds its ``data_range`` as a CPU tensor (no device copy) and is left as stock's.
+The metric's ``update`` and ``compute`` are stock's; they call these helpers, one implementation on every device. The
+values are stock's to the bit: the counts are the same integers, and stock's CPU 0-dim factor enters a device
+computation as a scalar, exactly as the Python number does. Every version's ``data_range`` (``None`` on 1.6, whose
+min/max states need no host read; a number; a ``(min, max)`` tuple that clamps) goes through the same helpers. The
+functional ``peak_signal_noise_ratio`` builds its ``data_range`` as a CPU tensor (no device copy) and is left as
+stock's.
 
 """
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import reduce
 
-from torchmetrics_syncfree import _deferred, _instrumentation
+from torchmetrics_syncfree import _instrumentation
 from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.image.psnr"
@@ -49,8 +49,6 @@ def _count(target: Tensor, count: int) -> Tensor:
 @replaces(f"{_FUNCTIONAL}._psnr_update", params=("preds", "target", "dim"), everywhere=True)
 def _psnr_update(preds: Tensor, target: Tensor, dim: int | tuple[int, ...] | None = None) -> tuple[Tensor, Tensor]:
     """Stock's sums; the numbers of observations are made on the device (``torch.full``), not copied there."""
-    if _deferred.reads_are_free(target):
-        return stock(f"{_FUNCTIONAL}._psnr_update")(preds, target, dim)
     if not preds.is_floating_point():
         preds = preds.to(torch.float32)
     if not target.is_floating_point():
@@ -81,7 +79,7 @@ def _psnr_compute(
     reduction: Any = "elementwise_mean",
 ) -> Tensor:
     """Stock's formula; the logarithm's base enters as a Python number, not a tensor made on every call."""
-    if _deferred.reads_are_free(sum_squared_error) or not isinstance(base, (int, float)):
+    if not isinstance(base, (int, float)):
         return stock(f"{_FUNCTIONAL}._psnr_compute")(sum_squared_error, num_obs, data_range, base, reduction)
     psnr_base_e = 2 * torch.log(data_range) - torch.log(sum_squared_error / num_obs)
     return reduce(psnr_base_e * _log_factor(base), reduction=reduction)
