@@ -165,11 +165,19 @@ _CONFIGS = [pytest.param(config, id=config.label) for config in audit.CATALOGUE]
 @pytest.mark.parametrize("config", _CONFIGS)
 @pytest.mark.parametrize("sequence", list(SEQUENCES))
 def test_lightning_stage_sequences_match_stock(config: audit.Config, sequence: str) -> None:
-    _assert_sequence_matches_stock(_catalogue_subject(config), SEQUENCES[sequence])
+    # Perplexity with ignore_index sums the ignored positions as zeros on every device (docs/other-metrics.md)
+    rounds = config.spec.startswith("Perplexity") and "ignore_index=None" not in config.spec
+    _assert_sequence_matches_stock(_catalogue_subject(config), SEQUENCES[sequence], bitwise_on_cpu=not rounds)
 
 
-def _assert_sequence_matches_stock(subject: Subject, stages: tuple[Stage, ...], tolerance: float | None = None) -> None:
-    """Every step of ``stages``, patched on each path, gives stock's outcome (see the module docstring)."""
+def _assert_sequence_matches_stock(
+    subject: Subject, stages: tuple[Stage, ...], tolerance: float | None = None, bitwise_on_cpu: bool = True
+) -> None:
+    """Every step of ``stages``, patched on each path, gives stock's outcome (see the module docstring).
+
+    ``bitwise_on_cpu=False``: a class whose one implementation sums in another order than stock's (documented
+    rounding deviations) is compared within ``tolerance`` on the CPU path too.
+    """
     steps = _steps(stages)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # which warnings reach the user, and when, is tested per area
@@ -193,7 +201,8 @@ def _assert_sequence_matches_stock(subject: Subject, stages: tuple[Stage, ...], 
                     if kind == "value":
                         # the device path's fixed-shape computes (curves, retrieval, Perplexity with ignore_index) sum
                         # in another order than stock's: bit parity there is tests/test_strided_parity.py's subject
-                        _assert_same(value, expected, where, bitwise=path == "cpu", tolerance=tolerance)
+                        bitwise = bitwise_on_cpu and path == "cpu"
+                        _assert_same(value, expected, where, bitwise=bitwise, tolerance=tolerance)
                     else:
                         assert type(value) is type(expected), f"{where}: {value!r} raised, expected {expected!r}"
 
@@ -268,6 +277,9 @@ def _census_subject(name: str) -> Subject:
 #: pyramid at 48 pixels): their sequences mostly repeat stock's compute, so they are marked slow (the latest release
 #: runs them; every release checks their patched updates in tests/test_segmentation_detection.py, test_image_more.py)
 SLOW_SEQUENCE_CLASSES = frozenset({"HausdorffDistance", "VisualInformationFidelity"})
+#: the classes whose one implementation sums in another order than stock's on every device (float rounding, documented
+#: per area): the ranking AP and loss sum every sample with zeros where stock selects a subset
+ROUNDING_CLASSES = frozenset({"MultilabelRankingAveragePrecision", "MultilabelRankingLoss"})
 
 
 @pytest.mark.parametrize(
@@ -278,4 +290,6 @@ SLOW_SEQUENCE_CLASSES = frozenset({"HausdorffDistance", "VisualInformationFideli
 def test_breadth_classes_across_lightning_stages(name: str, sequence: str) -> None:
     """Stock's outcome at every step on every path; the device path within 1e-4 (the documented float deviations of
     the areas, e.g. AdjustedMutualInfoScore's 5e-5: their exact parity is each area's own test)."""
-    _assert_sequence_matches_stock(_census_subject(name), SEQUENCES[sequence], tolerance=1e-4)
+    _assert_sequence_matches_stock(
+        _census_subject(name), SEQUENCES[sequence], tolerance=1e-4, bitwise_on_cpu=name not in ROUNDING_CLASSES
+    )

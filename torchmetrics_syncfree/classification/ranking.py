@@ -3,7 +3,7 @@
 ``MultilabelCoverageError``, ``MultilabelRankingAveragePrecision`` and ``MultilabelRankingLoss``.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``validate_args``: the multilabel confusion          its device flag, a deferred check of the metric (raised at
 matrix's ``torch.unique`` + ``if ...:``              once on CPU, reported at an eager point on the device path,
@@ -22,8 +22,8 @@ but not all labels relevant), ``if len(preds) ==     labels relevant weigh 0; th
 (1.7+)                                               count, exact below 2**24, and its ``int`` is that count)
 ==================================================  ===========================================================
 
-Where reads are free (CPU) the ranking updates are stock's functions (after the patched validation and format), and
-CPU results are stock's to the bit. On the device path the coverage error is stock's to the bit; the ranking average
+One implementation on every device (after the patched validation and format). The coverage error is stock's to the
+bit; the ranking average
 precision and ranking loss sum over every sample (and the former every label) with zeros where stock selects a subset
 first: their float sums may differ from stock's in the last bits, as any change of summation order. The ranks are
 integers, equal to stock's (ties: every label scored at least as high counts, as ``torch.unique`` + ``cumsum`` do).
@@ -38,8 +38,6 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics.functional.classification.ranking import (
-    _multilabel_ranking_average_precision_update,
-    _multilabel_ranking_loss_update,
     _ranking_reduce,
 )
 
@@ -144,15 +142,10 @@ def _ranking_loss(preds: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return loss.sum(), qualifies.any().mul(num_preds - 1).add_(1)
 
 
-_DEVICE_MEASURES = {
+_MEASURES = {
     "MultilabelCoverageError": _coverage_error,
     "MultilabelRankingAveragePrecision": _ranking_average_precision,
     "MultilabelRankingLoss": _ranking_loss,
-}
-_STOCK_MEASURES = {
-    "MultilabelCoverageError": _coverage_error,  # stock's values to the bit: no reason for a second path
-    "MultilabelRankingAveragePrecision": _multilabel_ranking_average_precision_update,
-    "MultilabelRankingLoss": _multilabel_ranking_loss_update,
 }
 
 
@@ -161,8 +154,7 @@ def _update(self: Any, preds: Tensor, target: Tensor, name: str) -> None:
     if self.validate_args:
         invalid = _multilabel_ranking_tensor_validation(preds, target, self.num_labels, self.ignore_index, metric=self)
     preds, target = _format(preds, target, self.num_labels, self.ignore_index)
-    measures = _STOCK_MEASURES if _deferred.reads_are_free(preds) else _DEVICE_MEASURES
-    measure, total = measures[name](preds, target)
+    measure, total = _MEASURES[name](preds, target)
     if invalid is not None:
         if not isinstance(total, Tensor):
             total = torch.full((), total, dtype=self.total.dtype, device=measure.device)
@@ -172,8 +164,6 @@ def _update(self: Any, preds: Tensor, target: Tensor, name: str) -> None:
 
 
 def _compute(self: Any, name: str) -> Tensor:
-    if _deferred.reads_are_free(self.total):
-        return stock(f"{_MODULE}.{name}.compute")(self)
     return _ranking_reduce(self.measure, self.total)
 
 
