@@ -25,5 +25,9 @@ _COMPUTE = "torchmetrics.utilities.compute"
 
 @replaces(f"{_COMPUTE}._safe_xlogy", params=("x", "y"), everywhere=True)
 def _safe_xlogy(x: Tensor, y: Tensor) -> Tensor:
-    """Stock's ``x * log(y)``, 0 where ``x == 0``, with ``masked_fill`` instead of a boolean-mask write."""
-    return (x * torch.log(y)).masked_fill(x == 0, 0.0)
+    """Stock's ``x * log(y)``, 0 where ``x == 0``, with ``masked_fill_`` instead of a boolean-mask write.
+
+    In place on the new product, as stock's write: no tensor more than stock allocates (the product's backward needs
+    its inputs, not the product).
+    """
+    return (x * torch.log(y)).masked_fill_(x == 0, 0.0)
