@@ -165,9 +165,18 @@ _CONFIGS = [pytest.param(config, id=config.label) for config in audit.CATALOGUE]
 @pytest.mark.parametrize("config", _CONFIGS)
 @pytest.mark.parametrize("sequence", list(SEQUENCES))
 def test_lightning_stage_sequences_match_stock(config: audit.Config, sequence: str) -> None:
-    # Perplexity with ignore_index sums the ignored positions as zeros on every device (docs/other-metrics.md)
-    rounds = config.spec.startswith("Perplexity") and "ignore_index=None" not in config.spec
-    _assert_sequence_matches_stock(_catalogue_subject(config), SEQUENCES[sequence], bitwise_on_cpu=not rounds)
+    _assert_sequence_matches_stock(
+        _catalogue_subject(config), SEQUENCES[sequence], bitwise_on_cpu=not _rounds_differently(config.spec)
+    )
+
+
+def _rounds_differently(spec: str) -> bool:
+    """Whether the metric of ``spec`` (a class name or a catalogue specification) sums in another order than stock's
+    on every device (float rounding, documented per area): the ranking AP and loss sum every sample with zeros where
+    stock selects a subset; Perplexity with ``ignore_index`` sums the ignored positions as zeros."""
+    if spec.startswith(("MultilabelRankingAveragePrecision", "MultilabelRankingLoss")):
+        return True
+    return spec.startswith("Perplexity") and "ignore_index=None" not in spec
 
 
 def _assert_sequence_matches_stock(
@@ -277,9 +286,6 @@ def _census_subject(name: str) -> Subject:
 #: pyramid at 48 pixels): their sequences mostly repeat stock's compute, so they are marked slow (the latest release
 #: runs them; every release checks their patched updates in tests/test_segmentation_detection.py, test_image_more.py)
 SLOW_SEQUENCE_CLASSES = frozenset({"HausdorffDistance", "VisualInformationFidelity"})
-#: the classes whose one implementation sums in another order than stock's on every device (float rounding, documented
-#: per area): the ranking AP and loss sum every sample with zeros where stock selects a subset
-ROUNDING_CLASSES = frozenset({"MultilabelRankingAveragePrecision", "MultilabelRankingLoss"})
 
 
 @pytest.mark.parametrize(
@@ -291,5 +297,5 @@ def test_breadth_classes_across_lightning_stages(name: str, sequence: str) -> No
     """Stock's outcome at every step on every path; the device path within 1e-4 (the documented float deviations of
     the areas, e.g. AdjustedMutualInfoScore's 5e-5: their exact parity is each area's own test)."""
     _assert_sequence_matches_stock(
-        _census_subject(name), SEQUENCES[sequence], tolerance=1e-4, bitwise_on_cpu=name not in ROUNDING_CLASSES
+        _census_subject(name), SEQUENCES[sequence], tolerance=1e-4, bitwise_on_cpu=not _rounds_differently(name)
     )
