@@ -1,6 +1,7 @@
 """AUROC and AveragePrecision ``compute()`` (areas ``auroc`` and ``average_precision``): stock's values on both
-patched paths, no would-be sync in ``forward``/``compute`` on the device path (binned and unbinned), stock's warnings
-deferred to the next eager point (once each), ``max_fpr``, compute groups, the documented float32 deviation."""
+patched paths (one implementation, up to the order of float sums), no would-be sync in ``forward``/``compute`` on
+the device path (binned and unbinned), stock's warnings at once where reads are free and deferred to the next eager
+point elsewhere (once each), ``max_fpr``, compute groups, the documented float32 deviation."""
 
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ def _cases(name: str, **kwargs: Any) -> dict[str, Case]:
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ["AUROC", "AveragePrecision"])
 def test_parity_with_stock(name: str, path: str) -> None:
-    """forward() per batch and compute(): stock's values, dtypes and shapes; to the bit where reads are free."""
+    """forward() per batch and compute(): stock's values (up to the order of float sums), dtypes and shapes."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parity(_cases(name), path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+        parity(_cases(name), path=path, rtol=lambda label: RTOL)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -92,7 +93,7 @@ def test_partial_auc_parity(path: str, max_fpr: float) -> None:
         )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parity(cases, path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+        parity(cases, path=path, rtol=lambda label: RTOL)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -110,7 +111,7 @@ def test_partial_auc_of_a_binned_curve_that_starts_past_max_fpr(path: str) -> No
             [(torch.tensor([0.97, 0.9, 0.1, 0.6, 0.3]), torch.tensor([0, 0, 1, 1, 0]))],
         ),
     }
-    parity(cases, path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+    parity(cases, path=path, rtol=lambda label: RTOL)
 
 
 @pytest.mark.parametrize("task", list(AVERAGES))
@@ -244,9 +245,10 @@ def test_compute_group_of_auroc_and_average_precision(path: str) -> None:
     assert found == stock_found
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ["AUROC", "AveragePrecision"])
-def test_float64_scores_give_float32_where_stock_promotes(syncfree: Any, name: str) -> None:
-    """Documented deviation (device path): stock's unbinned multiclass value becomes float64 for float64 scores when a
+def test_float64_scores_give_float32_where_stock_promotes(syncfree: Any, name: str, path: str) -> None:
+    """Documented deviation (every device): stock's unbinned multiclass value becomes float64 for float64 scores when a
     class has no positives (its zero rates are ``zeros_like`` the float64 thresholds); here it is float32, the dtype of
     every other case, with stock's value."""
     preds, target = _batches("multiclass", None, seed=3)[0]
@@ -256,7 +258,7 @@ def test_float64_scores_give_float32_where_stock_promotes(syncfree: Any, name: s
         warnings.simplefilter("ignore")
         expected = stock(preds.double(), target)
     torchmetrics_syncfree.patch_all()
-    with SyncProbe(), warnings.catch_warnings():
+    with SyncProbe() if path == "device" else contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         value = _make(name, "multiclass", None, None, "macro")(preds.double(), target)
     assert value.dtype == torch.float32
@@ -379,16 +381,15 @@ def _stable_interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
 def test_logauc_parity_with_stock(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """LogAUC (area ``logauc``): stock's values for every task, thresholds, ignore_index, average and fpr_range.
 
-    Documented deviation of the device path: stock interpolates at the bounds of ``fpr_range`` after an *unstable*
+    Documented deviation: stock interpolates at the bounds of ``fpr_range`` after an *unstable*
     ``argsort`` of the curve's false positive rates, so at a vertical run of the curve (equal rates) it may start from
-    a point inside the run, depending on the sort implementation; the device path interpolates along the curve (from
-    the run's top, np.interp's order). Its reference is stock's compute with a stable sort there.
+    a point inside the run, depending on the sort implementation; the patched compute interpolates along the curve
+    (from the run's top, np.interp's order). Its reference is stock's compute with a stable sort there.
     """
-    if path == "device":
-        monkeypatch.setattr(sys.modules["torchmetrics.functional.classification.logauc"], "interp", _stable_interp)
+    monkeypatch.setattr(sys.modules["torchmetrics.functional.classification.logauc"], "interp", _stable_interp)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parity(_logauc_cases(), path=path, rtol=lambda label: RTOL if path == "device" else 0.0)
+        parity(_logauc_cases(), path=path, rtol=lambda label: RTOL)
 
 
 def test_logauc_forward_and_compute_are_sync_free(syncfree: Any) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,8 @@ MODES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 
 #: One stage: its grad mode and its calls (``forward``/``update``, then the epoch end's ``compute`` and ``reset``)
 Stage = tuple[str, tuple[str, ...]]
+#: the areas under the curve, task wrappers and task classes (catalogue specifications and class names)
+_CURVE_AREA = re.compile(r"(Binary|Multiclass|Multilabel)?(AUROC|AveragePrecision|LogAUC)\b")
 _EPOCH_END = ("compute", "reset")
 #: Lightning's sequences for one metric object: validation metrics logged through ``forward`` (``self.log(name,
 #: metric)``) or ``update``; ``fit`` (sanity check, then train/validation epochs), then ``validate`` and ``test``
@@ -173,8 +176,11 @@ def test_lightning_stage_sequences_match_stock(config: audit.Config, sequence: s
 def _rounds_differently(spec: str) -> bool:
     """Whether the metric of ``spec`` (a class name or a catalogue specification) sums in another order than stock's
     on every device (float rounding, documented per area): the ranking AP and loss sum every sample with zeros where
-    stock selects a subset; Perplexity with ``ignore_index`` sums the ignored positions as zeros."""
+    stock selects a subset; the areas under the curve (AUROC, AveragePrecision, LogAUC) sum fixed-shape curves with
+    repeated points; Perplexity with ``ignore_index`` sums the ignored positions as zeros."""
     if spec.startswith(("MultilabelRankingAveragePrecision", "MultilabelRankingLoss")):
+        return True
+    if _CURVE_AREA.match(spec):
         return True
     return spec.startswith("Perplexity") and "ignore_index=None" not in spec
 

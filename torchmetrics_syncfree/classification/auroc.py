@@ -1,10 +1,10 @@
 """Sync-free ``compute`` of ``torchmetrics.classification.auroc``: AUROC of every task, binned and unbinned.
 
 The update is the curve's (:mod:`~torchmetrics_syncfree.classification.precision_recall_curve`). Stock's compute
-reads the device on the host in several places; on the device path each becomes fixed-shape tensor work:
+reads the device on the host in several places; each becomes fixed-shape tensor work:
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``thresholds=None``: ``_binary_clf_curve``           every column sorted once, counts at the end of each tie
 (``torch.where`` on score differences: a curve       group (:func:`_ranked_counts`): stock's curve with repeated
@@ -20,10 +20,10 @@ weighted, unbinned: ``torch.bincount(target)``       a fixed-shape count of each
 ``tpr[:stop]`` (a data-dependent slice)              the interpolated point (zero-width trapezoids)
 ==================================================  ===========================================================
 
-Where reads are free (CPU tensors, eager) ``compute`` is stock's: its numbers to the bit and its warnings at once. On
-the device path the values equal stock's up to the order of floating-point sums (a few ulp; the repeated points add
-exact zeros), and the warnings come at the metric's next eager point (the next update, ``compute()`` or
-``reset()``), once per offending ``compute``. Deviation (documented, tested): for float64 or half scores, stock's
+One implementation on every device. The values equal stock's up to the order of floating-point sums (a few ulp; the
+repeated points add exact zeros). Where reads are free (CPU tensors, eager) the warnings come at once, from
+``compute``; elsewhere at the metric's next eager point (the next update, ``compute()`` or ``reset()``), once per
+offending ``compute``. Deviation (documented, tested): for float64 or half scores, stock's
 value takes the scores' dtype when a class has no negatives or no positives (its zero rates are ``zeros_like`` the
 thresholds); here it is always float32, as in every other case.
 
@@ -48,7 +48,6 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _kept_entries,
     _list_state,
     _ranked_counts,
-    _stock_compute_where_reads_are_free,
 )
 from torchmetrics_syncfree.classification.stat_scores import _safe_divide
 
@@ -157,10 +156,7 @@ def _multilabel_roc(self: Any) -> tuple[Tensor, Tensor, Tensor]:
 
 @replaces(f"{_MODULE}.BinaryAUROC.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryAUROC.compute")
-    if stock is not None:
-        return stock
+    """Stock's ``compute``, without host reads."""
     fpr, tpr = _binary_roc(self)
     if self.max_fpr is None or self.max_fpr == 1:
         return _area(fpr, tpr)
@@ -170,20 +166,14 @@ def _binary_compute(self: Any) -> Tensor:
 
 @replaces(f"{_MODULE}.MulticlassAUROC.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassAUROC.compute")
-    if stock is not None:
-        return stock
+    """Stock's ``compute``, without host reads."""
     fpr, tpr, weights = _multiclass_roc(self)
     return _average_ignoring_nan(self, _area(fpr, tpr), self.average, weights)
 
 
 @replaces(f"{_MODULE}.MultilabelAUROC.compute", params=("self",), kind="metric_method")
 def _multilabel_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelAUROC.compute")
-    if stock is not None:
-        return stock
+    """Stock's ``compute``, without host reads."""
     if self.average == "micro":  # stock's binary AUROC of all labels' entries together
         if self.thresholds is not None:
             return _area(*_binned_rates(self.confmat.sum(1)))

@@ -1,9 +1,9 @@
 """Sync-free ``compute`` of ``torchmetrics.classification.average_precision``: every task, binned and unbinned.
 
-The update is the curve's (:mod:`~torchmetrics_syncfree.classification.precision_recall_curve`). On the device path:
+The update is the curve's (:mod:`~torchmetrics_syncfree.classification.precision_recall_curve`). The compute:
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``thresholds=None``: ``_binary_clf_curve``           every column sorted once, counts at the end of each tie
 (a curve of data-dependent length), one per class    group (:func:`_ranked_counts`): stock's curve with repeated
@@ -16,8 +16,8 @@ macro/weighted: ``if isnan(res).any()`` (warning),   a NaN-ignoring mean / weigh
 weighted, unbinned: ``torch.bincount(target)``       a fixed-shape count of each class
 ==================================================  ===========================================================
 
-Where reads are free (CPU tensors, eager) ``compute`` is stock's, to the bit. On the device path values equal
-stock's up to the order of floating-point sums, and warnings come at the metric's next eager point. Stock's
+One implementation on every device: values equal stock's up to the order of floating-point sums; warnings come at
+once where reads are free (CPU tensors, eager), elsewhere at the metric's next eager point. Stock's
 quirks are kept: the multiclass curve of class ``i`` tests ``(target == 0).all()`` for "no positives" (whatever
 ``i``), so a class absent from the data gets a NaN score (ignored by macro/weighted, with the warning) unless every
 label is 0.
@@ -45,7 +45,6 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _kept_entries,
     _list_state,
     _ranked_counts,
-    _stock_compute_where_reads_are_free,
 )
 
 _MODULE = "torchmetrics.classification.average_precision"
@@ -75,12 +74,9 @@ def _average_precisions(
 
 @replaces(f"{_MODULE}.BinaryAveragePrecision.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free or binned (no reads there); otherwise without host reads."""
+    """Stock's ``compute`` where binned (it reads nothing there); otherwise the same value without host reads."""
     if self.thresholds is not None:  # stock's binned compute reads nothing
         return stock(f"{_MODULE}.BinaryAveragePrecision.compute")(self)
-    stock_compute = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryAveragePrecision.compute")
-    if stock_compute is not None:
-        return stock_compute
     preds, target = _list_state(self)
     kept = _kept_entries(self, target)
     if kept is None:
@@ -93,10 +89,7 @@ def _binary_compute(self: Any) -> Tensor:
 
 @replaces(f"{_MODULE}.MulticlassAveragePrecision.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock_compute = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassAveragePrecision.compute")
-    if stock_compute is not None:
-        return stock_compute
+    """Stock's ``compute``, without host reads."""
     if self.thresholds is not None:
         curve = _multiclass_precision_recall_curve_compute(self.confmat, self.num_classes, self.thresholds)
         precision, recall = curve[0], curve[1]
@@ -119,13 +112,10 @@ def _multiclass_compute(self: Any) -> Tensor:
 
 @replaces(f"{_MODULE}.MultilabelAveragePrecision.compute", params=("self",), kind="metric_method")
 def _multilabel_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free or binned micro (no reads there); otherwise without host reads."""
+    """Stock's ``compute`` where binned micro (it reads nothing there); otherwise the same value without host reads."""
     binned = self.thresholds is not None
     if binned and self.average == "micro":  # stock's binned micro compute reads nothing
         return stock(f"{_MODULE}.MultilabelAveragePrecision.compute")(self)
-    stock_compute = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelAveragePrecision.compute")
-    if stock_compute is not None:
-        return stock_compute
     if binned:
         curve = _multilabel_precision_recall_curve_compute(self.confmat, self.num_labels, self.thresholds)
         precision, recall = curve[0], curve[1]

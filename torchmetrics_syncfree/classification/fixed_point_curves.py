@@ -4,10 +4,10 @@
 (``recall_fixed_precision``), ``SensitivityAtSpecificity`` (``sensitivity_specificity``), ``SpecificityAtSensitivity``
 (``specificity_sensitivity``) and ``EER`` (``eer``, torchmetrics 1.7+), binary, multiclass and multilabel. Their update
 is the curve's (:mod:`~torchmetrics_syncfree.classification.precision_recall_curve`); their outputs have a fixed
-shape, so on the device path the whole compute (and so ``forward``) runs without host reads:
+shape, so the whole compute (and so ``forward``) runs without host reads:
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``thresholds=None``: ``_binary_clf_curve``           every column sorted once, counts at the end of each tie
 (``torch.where`` on score differences: a curve of    group (``_ranked_counts``): stock's curve with repeated
@@ -25,17 +25,17 @@ EER: ``argmin(abs(diff))``, ``fpr[idx]``             the same over the valid poi
 ``1e6`` before torchmetrics 1.8)
 ==================================================  ===========================================================
 
-Where reads are free (CPU tensors, eager) ``compute`` is stock's, to the bit. On the device path values and thresholds
-are stock's to the bit (the same elementwise operations on the same counts). Deviations (documented, tested where
-stated): as AUROC's, the rates of a class without positives or negatives are float32 whatever the scores' dtype; for
-float64 or half scores ``RecallAtFixedPrecision`` returns the promoted dtype of its (recall, precision, threshold)
-stack even where nothing qualifies (stock: the recall's and thresholds' own dtypes then; before torchmetrics 1.8, with
-half scores, stock's ``1e6`` made in half precision reads ``inf``, the device path's ``1e6``); ``_lexargmax``'s
-``IndexError`` for a NaN recall among the qualifying points (``min_precision <= 0`` and a class without positives)
-is not raised; where stock's unbinned curve has no entry (every one ignored: an ``IndexError``), the device path
-returns 0 and the no-threshold value (the ROC-based metrics: the curve's origin, threshold 1; EER 0.5). Tested in
-``tests/test_fixed_point_curves.py``. ``MulticlassEER`` with ``average`` (micro/macro curves) keeps stock's compute
-on the list state without ignored entries.
+One implementation on every device: values and thresholds are stock's to the bit (the same elementwise operations on the
+same counts); warnings come at once where reads are free (CPU tensors, eager), elsewhere at the next eager point.
+Deviations (documented, tested where stated): as AUROC's, the rates of a class without positives or negatives are
+float32 whatever the scores' dtype; for float64 or half scores ``RecallAtFixedPrecision`` returns the promoted dtype of
+its (recall, precision, threshold) stack even where nothing qualifies (stock: the recall's and thresholds' own dtypes
+then; before torchmetrics 1.8, with half scores, stock's ``1e6`` made in half precision reads ``inf``, the patched
+one ``1e6``); ``_lexargmax``'s ``IndexError`` for a NaN recall among the qualifying points (``min_precision <= 0`` and a
+class without positives) is not raised; where stock's unbinned curve has no entry (every one ignored: an
+``IndexError``), the patched compute returns 0 and the no-threshold value (the ROC-based metrics: the curve's origin,
+threshold 1; EER 0.5). Tested in ``tests/test_fixed_point_curves.py``. ``MulticlassEER`` with ``average`` (micro/macro
+curves) keeps stock's compute on the list state without ignored entries.
 
 """
 
@@ -68,7 +68,6 @@ from torchmetrics_syncfree.classification.precision_recall_curve import (
     _ignored_entries_dropped,
     _list_state,
     _ranked_counts,
-    _stock_compute_where_reads_are_free,
 )
 
 _CLASSIFICATION = "torchmetrics.classification"
@@ -291,9 +290,6 @@ def _output(task: str, result: Any) -> Any:
 
 def _make_compute(target: str, task: str, reduce: Callable[[Any, str], Any]) -> Callable[[Any], Any]:
     def compute(self: Any) -> Any:
-        stock_compute = _stock_compute_where_reads_are_free(self, target)
-        if stock_compute is not None:
-            return stock_compute
         if self.__dict__.get("average") is not None:  # averaged curves (multiclass EER): stock's
             with _ignored_entries_dropped(self):
                 return stock(target)(self)
@@ -302,7 +298,7 @@ def _make_compute(target: str, task: str, reduce: Callable[[Any, str], Any]) -> 
             return _output(task, reduce(self, task))
 
     compute.__module__ = __name__
-    compute.__doc__ = "Stock's ``compute`` where reads are free; otherwise the same values without host reads."
+    compute.__doc__ = "Stock's ``compute``, the same values without host reads."
     return compute
 
 

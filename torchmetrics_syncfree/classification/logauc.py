@@ -3,10 +3,10 @@
 Stock's LogAUC takes the ROC curve (``super().compute()``: unbinned, a curve of data-dependent length) and, per
 curve, copies ``fpr_range`` to the device (``torch.tensor(fpr_range).to(...)``), inserts the two interpolated points,
 finds the last point at each bound with ``torch.where(log_fpr == bound)[0][-1]`` and integrates the slice between
-them: host reads and data-dependent shapes. On the device path:
+them: host reads and data-dependent shapes. The compute:
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``super().compute()`` (ROC)                          the fixed-shape ROC of the AUROC area (``_rates``, binned:
                                                      ``_binned_rates``), its warnings deferred
@@ -17,12 +17,12 @@ the NaN warning of the reduction (its message        a deferred warning of the m
 says ``{average}`` literally, as stock's)
 ==================================================  ===========================================================
 
-Where reads are free (CPU tensors, eager) ``compute`` is stock's, to the bit. On the device path values equal
-stock's up to the order of floating-point sums; the per-class areas run in a Python loop over the classes (fixed
-shapes, no reads), as stock's. Deviation (documented, tested): stock interpolates at the bounds after an *unstable*
-``argsort`` of the rates (``torchmetrics.utilities.data.interp``), so next to a vertical run of the curve (equal false
-positive rates) it may start from a point inside the run, depending on the sort implementation; the device path
-interpolates along the curve (from the run's top: ``np.interp``'s order on the curve's points).
+One implementation on every device: values equal stock's up to the order of floating-point sums; the per-class
+areas run in a Python loop over the classes (fixed shapes, no reads), as stock's. Deviation (documented, tested):
+stock interpolates at the bounds after an *unstable* ``argsort`` of the rates (``torchmetrics.utilities.data.interp``),
+so next to a vertical run of the curve (equal false positive rates) it may start from a point inside the run,
+depending on the sort implementation; the patched compute interpolates along the curve (from the run's top:
+``np.interp``'s order on the curve's points).
 
 """
 
@@ -39,7 +39,6 @@ from torchmetrics_syncfree.classification.auroc import _binary_roc, _multiclass_
 from torchmetrics_syncfree.classification.precision_recall_curve import (
     LOGAUC_NAN,
     _file_warning,
-    _stock_compute_where_reads_are_free,
 )
 
 _MODULE = "torchmetrics.classification.logauc"
@@ -87,20 +86,17 @@ def _reduce(metric: Any, fpr: Tensor, tpr: Tensor, average: str | None) -> Tenso
 
 @replaces(f"{_MODULE}.BinaryLogAUC.compute", params=("self",), kind="metric_method")
 def _binary_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.BinaryLogAUC.compute")
-    return stock if stock is not None else _log_area(*_binary_roc(self), self.fpr_range)
+    """Stock's ``compute``, without host reads."""
+    return _log_area(*_binary_roc(self), self.fpr_range)
 
 
 @replaces(f"{_MODULE}.MulticlassLogAUC.compute", params=("self",), kind="metric_method")
 def _multiclass_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MulticlassLogAUC.compute")
-    return stock if stock is not None else _reduce(self, *_multiclass_roc(self)[:2], self.average2)
+    """Stock's ``compute``, without host reads."""
+    return _reduce(self, *_multiclass_roc(self)[:2], self.average2)
 
 
 @replaces(f"{_MODULE}.MultilabelLogAUC.compute", params=("self",), kind="metric_method")
 def _multilabel_compute(self: Any) -> Tensor:
-    """Stock's ``compute`` where reads are free; otherwise the same value without host reads."""
-    stock = _stock_compute_where_reads_are_free(self, f"{_MODULE}.MultilabelLogAUC.compute")
-    return stock if stock is not None else _reduce(self, *_multilabel_roc(self)[:2], self.average2)
+    """Stock's ``compute``, without host reads."""
+    return _reduce(self, *_multilabel_roc(self)[:2], self.average2)

@@ -644,11 +644,6 @@ def _list_state(metric: Any) -> tuple[Tensor, Tensor]:
     return dim_zero_cat(metric.preds), dim_zero_cat(metric.target)
 
 
-def _state_tensor(metric: Any) -> Tensor:
-    """A tensor of the state: whether reads of it are free decides between stock's compute and the sync-free one."""
-    return metric.confmat if metric.thresholds is not None else _list_state(metric)[0]
-
-
 def _cells(index: Tensor, dropped: Tensor | None, size: int) -> Tensor:
     """Counts of ``index`` in ``size`` cells; entries where ``dropped`` is set land in an extra cell that is cut off."""
     if dropped is None:
@@ -800,20 +795,6 @@ def _ignored_entries_dropped(self: Any) -> Iterator[None]:
         yield
     finally:
         self.preds, self.target = states
-
-
-def _stock_compute_where_reads_are_free(self: Any, target: str) -> Any:
-    """Stock's ``compute`` at ``target`` (on the list state without ignored entries) where reads are free, else None.
-
-    AUROC, AveragePrecision and LogAUC compute with stock's code on CPU (its numbers to the bit, its warnings at once)
-    and with their fixed-shape code on the device path.
-    """
-    if self.thresholds is not None:  # binned counts: nothing to drop (the common case, kept to one Python call)
-        return stock(target)(self) if _deferred.reads_are_free(self.confmat) else None
-    if not _deferred.reads_are_free(_state_tensor(self)):
-        return None
-    with _ignored_entries_dropped(self):
-        return stock(target)(self)
 
 
 def _compute_without_ignored_entries(target: str) -> Callable[[Any], Any]:
