@@ -128,7 +128,8 @@ def test_hinge_loss(task: str, data: Any, mode: str, squared: bool, path: str) -
     def make() -> Any:
         return torchmetrics.HingeLoss(task=task, squared=squared, ignore_index=batch["ignore_index"], **extra)
 
-    rtol = 1e-6 if path == "device" and batch["ignore_index"] is not None else 0.0
+    # the zeroed losses of ignored entries add in, on every device
+    rtol = 1e-6 if batch["ignore_index"] is not None else 0.0
     _assert_same(_run(make, [batch], None, None), _run(make, [batch], None, path), rtol=rtol)
 
 

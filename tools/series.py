@@ -196,25 +196,28 @@ TESTS_FOR_SOURCE = {
     ),
 }
 #: the tree-mode project suites' tests (``test --project-markers``): all that run without CUDA; CI leaves out the slow
-#: ones (the compiled-step matrix, the breadth classes' Lightning sequences), which the layer runs on the latest
-#: release (``tox -e tm19``) and ``tox -e upstream-full`` runs in tree mode
+#: ones (the compiled-step matrix, the Lightning sequences' variants), which the layer runs on the latest release
+#: (``tox -e tm19``), and the DDP worlds (every layer environment runs them); ``tox -e upstream-full`` runs all of
+#: them in tree mode
 PROJECT_MARKERS = "not cuda"
 #: the heavy suites' unpatched outcomes, recorded per snapshot (``python tools/series.py baseline``): the default
 #: ``test`` compares with them instead of running the heavy suites a second time on the unpatched tree
 BASELINES_DIR = REPO / "tools" / "baselines"
 HEAVY_TESTS = tuple(sorted({t for tests, heavy in TESTS_FOR_SOURCE.values() if heavy for t in tests}))
-#: ``test --heavy subset`` (CI): the heavy suites cut to the two files CI runs elsewhere, stat scores (the file the
-#: series changes) and accuracy; ``--heavy all`` runs all of them, the confusion-matrix family's four included (those
-#: add ~450 s on 2 cores: over CI's budget; CI runs upstream's confusion-matrix suite against the layer in
-#: ``tox -e upstream-device``, and the tree-mode project suite tests/test_confusion_matrix.py against the series), and
-#: the hinge-loss and exact-match suites (whose tree-mode project suites run in CI as well)
+#: ``test --heavy subset`` (CI): the heavy suites cut to stat scores' (the file the series changes, the update every
+#: stat-score metric shares; accuracy's suite repeats that update under another reduction: 1099 tests, 288 of them DDP
+#: cases that run in one process; CI runs it against the layer in ``tox -e upstream-device`` and ``-e
+#: upstream-classification``, and the tree-mode project suites compare Accuracy with stock); ``--heavy all`` runs all of
+#: them, accuracy's included, the confusion-matrix family's four included (those add ~450 s on 2 cores: over CI's
+#: budget; CI runs upstream's confusion-matrix suite against the layer in ``tox -e upstream-device``, and the tree-mode
+#: project suite tests/test_confusion_matrix.py against the series), and the hinge-loss and exact-match suites (whose
+#: tree-mode project suites run in CI as well)
 #: The five regression suites and Perplexity's are quick (~40 s on 2 cores, DDP part included; MinMaxMetric's
 #: is not heavy, it runs with unittests/wrappers/): CI runs them all; PSNR's and GeneralizedDiceScore's need
 #: scikit-image and monai (``OPTIONAL_PACKAGE_TESTS``).
 #: Of the nine retrieval suites (~20 min with -n 1) CI runs R-precision's (every ``RetrievalMetric`` update and the
 #: shared compute, ~25 s with -n 1), and the series' own tests/unittests/retrieval/test_base.py as a touched file.
 HEAVY_SUBSET = (
-    "unittests/classification/test_accuracy.py",
     "unittests/classification/test_stat_scores.py",
     *(tests[0] for tests in REGRESSION_TESTS.values()),
     *PERPLEXITY_TESTS,

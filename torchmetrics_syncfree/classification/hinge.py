@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.classification.hinge``: BinaryHingeLoss and MulticlassHingeLoss.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``validate_args``: the confusion matrix's            its device flag, a deferred check of the metric (raised at
 ``torch.unique`` + ``if ...:``                       once on CPU, reported at an eager point on the device path,
@@ -16,10 +16,11 @@ crammer-singer: ``preds[target]`` and                ``gather`` of the target's 
 ``self.measures += measures``                        ``add_``: in place, as stock
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) the losses are stock's functions' (after the patched validation), so CPU results are
-stock's to the bit. On the device path
-the sums run over the whole batch with the ignored entries' losses set to 0: with ``ignore_index`` the float sums may
-differ from stock's (which sums the kept entries only) in the last bits, as any change of the summation order does.
+One implementation on every device (before 2026-11-28 a CPU update called stock's functions: two implementations).
+The sums run over the whole batch with the ignored entries' losses set to 0: with ``ignore_index`` the float sums may
+differ from stock's (which sums the kept entries only) in the last bits, as any change of the summation order does;
+without it they are stock's to the bit (on the device path column-major one-vs-all probabilities are normalised into
+a row-major tensor, as stock does on an accelerator, and sum in its order).
 
 Deliberate deviations from stock:
 
@@ -37,11 +38,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification.confusion_matrix import (
-    _binary_confusion_matrix_format,
-    _multiclass_confusion_matrix_format,
-)
-from torchmetrics.functional.classification.hinge import _binary_hinge_loss_update, _multiclass_hinge_loss_update
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
@@ -51,9 +47,7 @@ from torchmetrics_syncfree.classification.confusion_matrix import (
     _probabilities,
 )
 from torchmetrics_syncfree.classification.stat_scores import (
-    _all_classes,
     _multiclass_stat_scores_tensor_validation,
-    _raise_not_a_class,
     _without_invalid,
     normalize_logits_if_needed,
 )
@@ -111,15 +105,7 @@ def _hinge(margin: Tensor, squared: bool) -> Tensor:
 def _binary_hinge_measures(
     preds: Tensor, target: Tensor, squared: bool, ignore_index: int | None
 ) -> tuple[Tensor, Tensor | int]:
-    """Stock's ``_binary_confusion_matrix_format`` + ``_binary_hinge_loss_update``, with fixed shapes off the CPU.
-
-    Where reads are free (CPU) stock's boolean masks cost nothing, and its sums are stock's to the bit.
-    """
-    if _deferred.reads_are_free(preds):
-        preds, target = _binary_confusion_matrix_format(
-            preds, target, threshold=0.0, ignore_index=ignore_index, convert_to_labels=False
-        )
-        return _binary_hinge_loss_update(preds, target, squared)
+    """Stock's ``_binary_confusion_matrix_format`` + ``_binary_hinge_loss_update``, with fixed shapes."""
     preds, target = preds.flatten(), target.flatten()
     kept = None if ignore_index is None else target != ignore_index
     preds = _probabilities(preds, kept, "sigmoid")
@@ -133,30 +119,11 @@ def _binary_hinge_measures(
 def _multiclass_hinge_measures(
     preds: Tensor, target: Tensor, squared: bool, mode: str, ignore_index: int | None, labels_checked: bool = False
 ) -> tuple[Tensor, Tensor | int]:
-    """Stock's ``_multiclass_confusion_matrix_format`` + ``_multiclass_hinge_loss_update``, fixed shapes off the CPU.
+    """Stock's ``_multiclass_confusion_matrix_format`` + ``_multiclass_hinge_loss_update``, with fixed shapes.
 
     Only the entries that are neither ignored nor outside the classes count (see the module docstring);
-    ``labels_checked``: the update validates, so a target outside the classes is an error: on CPU the validation
-    left it to stock's one-hot, whose failure is turned into the validation's error here.
+    ``labels_checked``: the update validates, so a batch with a target outside the classes is left out whole.
     """
-    if _deferred.reads_are_free(preds):  # stock's boolean masks cost nothing here, and its sums are stock's
-        kept_preds, kept_target = _multiclass_confusion_matrix_format(
-            preds, target, ignore_index, convert_to_labels=False
-        )
-        if not labels_checked:
-            is_class = (kept_target >= 0) & (kept_target < max(2, preds.shape[1]))  # stock's one-hot fails otherwise
-            if not bool(is_class.all()):
-                kept_preds, kept_target = kept_preds[is_class], kept_target[is_class]
-        if mode == "crammer-singer" and kept_target.numel() == 0:  # stock's ``view(0, -1)`` fails: nothing to add
-            return kept_preds.new_zeros(()), 0
-        try:
-            return _multiclass_hinge_loss_update(kept_preds, kept_target, squared, mode)
-        except RuntimeError:
-            # validation left the targets to the one-hot's bounds check (``_counting_checks_target``): a target
-            # outside the classes fails there, and gets the validation's error
-            if labels_checked and not _all_classes(target, preds.shape[1], ignore_index):
-                _raise_not_a_class(preds, target, preds.shape[1], ignore_index)
-            raise
     preds = torch.movedim(preds, 1, -1).reshape(-1, preds.shape[1])
     target = target.flatten()
     classes = max(2, preds.shape[1])  # stock's one-hot width

@@ -84,7 +84,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.classification import MulticlassHingeLoss
 from torchmetrics.functional.classification.stat_scores import (
     _binary_stat_scores_update,
     _multiclass_stat_scores_format,
@@ -294,17 +293,6 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
-def _counting_checks_target(metric: Any) -> bool:
-    """Whether the counting of the update being validated checks ``target`` itself, at no cost.
-
-    ``MulticlassHingeLoss`` counts on CPU with stock's one-hot of the targets that are not ignored: a bounds-checked
-    ``scatter_`` that fails on any target outside the classes, which its update turns into the validation's error
-    (see ``classification/hinge.py``). Stock's own validation never reads the targets of float ``preds``, so reading
-    them here would be all the patched update's extra host time.
-    """
-    return isinstance(metric, MulticlassHingeLoss)
-
-
 def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
     """Whether every label is in ``[0, num_classes)`` or ``ignore_index``, read on the host (only where reads are free).
 
@@ -368,7 +356,7 @@ def _multiclass_stat_scores_tensor_validation(
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
     if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
         if preds.is_floating_point():  # its argmax is a class: only target needs checking
-            if _counting_checks_target(metric) or _all_classes(target, num_classes, ignore_index):
+            if _all_classes(target, num_classes, ignore_index):
                 return None
         elif _all_classes(target, num_classes, ignore_index) and _all_classes(preds, num_classes, ignore_index):
             return None
