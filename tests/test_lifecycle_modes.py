@@ -38,6 +38,9 @@ import torchmetrics_syncfree
 from tests._probing import PATHS_WITH_FLIGHT, on_path
 from torchmetrics_syncfree.tools import audit
 
+#: every catalogue configuration through a matrix (CI's tree mode leaves it out: the layer runs it on every release)
+pytestmark = pytest.mark.catalogue_matrix
+
 #: Grad modes of Lightning's stages: training, evaluation (the default) and evaluation with ``inference_mode=False``
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "train": contextlib.nullcontext,

@@ -51,6 +51,9 @@ from tests._aggregation_cases import TM_GE_1_7
 from torchmetrics_syncfree import SyncProbe, _deferred
 from torchmetrics_syncfree.tools import audit
 
+#: every catalogue configuration through a matrix (CI's tree mode leaves it out: the layer runs it on every release)
+pytestmark = pytest.mark.catalogue_matrix
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 PATHS = ("cpu", "device")
 #: batch sizes: the catalogue's, one below a CPU vector's width, and an odd one past several vectors (tails)

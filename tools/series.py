@@ -197,8 +197,8 @@ TESTS_FOR_SOURCE = {
 }
 #: the tree-mode project suites' tests (``test --project-markers``): all that run without CUDA; CI leaves out the slow
 #: ones (the compiled-step matrix, the Lightning sequences' variants), which the layer runs on the latest release
-#: (``tox -e tm19``), and the DDP worlds (every layer environment runs them); ``tox -e upstream-full`` runs all of
-#: them in tree mode
+#: (``tox -e tm19``), the DDP worlds and the catalogue matrices (strided inputs, Lightning sequences; every layer
+#: environment runs them); ``tox -e upstream-full`` runs all of them in tree mode
 PROJECT_MARKERS = "not cuda"
 #: the heavy suites' unpatched outcomes, recorded per snapshot (``python tools/series.py baseline``): the default
 #: ``test`` compares with them instead of running the heavy suites a second time on the unpatched tree
