@@ -23,7 +23,8 @@ found in the data: 4 reads per ratio, 8 with        read (all ids in one copy) p
 
 BinaryGroupStatRates' ``compute`` (keys ``group_0`` ... from ``num_groups``) was already free of reads. The counts are
 integers: equal to stock's wherever stock counts each group in its own slot. Where reads are free stock's checks run
-first (its messages), BinaryFairness' ``compute`` is stock's.
+first (its messages). BinaryFairness' ``compute`` is the one-read form on every device (before 2026-11-28 a CPU
+compute called stock's): the same ratios and keys.
 
 Deliberate deviations from stock (tested in ``tests/test_classification_more.py``):
 
@@ -170,9 +171,7 @@ def _ratios(self: Any) -> list[tuple[str, Tensor]]:
 
 @replaces(f"{_MODULE}.BinaryFairness.compute", params=("self",), kind="metric_method")
 def _fairness_compute(self: Any) -> dict[str, Tensor] | None:
-    """Stock's ratios with one host read: the group ids that name them (all of them in one copy)."""
-    if _deferred.reads_are_free(self.tp):
-        return stock(f"{_MODULE}.BinaryFairness.compute")(self)
+    """Stock's ratios with one host read on every device: the group ids that name them (all of them in one copy)."""
     ratios = _ratios(self)
     if not ratios:
         return None
