@@ -287,3 +287,45 @@ def test_a_subset_of_the_recorded_suites_only_expects_its_own_functions():
     assert set(subset.functions) < set(full.functions)
     ran = series.Outcomes({f"{f}[0]": "passed" for f in subset.functions})
     assert not [p for p in subset.compare(ran) if p.startswith("missing")]
+
+
+def test_stock_runs_only_the_tests_the_patched_tree_did_not_pass(tmp_path: Path):
+    """Stock's tests are collected (the names junit gives them, parameters with ``::`` and dots included), and only
+    those the patched tree skipped or failed run there: a skip that passes on stock and a missing test are found."""
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")  # the rootdir: the tree, as upstream's
+    (tmp_path / "tests" / "unittests").mkdir(parents=True)
+    (tmp_path / "tests" / "unittests" / "test_x.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.parametrize('p', ['a::b', '1.5'])\n"
+        "def test_f(p):\n    pass\n\n"
+        "class TestC:\n    def test_g(self):\n        pass\n\n    def test_h(self):\n        pass\n"
+    )
+    stock_tree = tmp_path
+    names = series._collected(stock_tree, ["unittests/test_x.py"])
+    assert sorted(names) == [
+        "tests.unittests.test_x.TestC::test_g",
+        "tests.unittests.test_x.TestC::test_h",
+        "tests.unittests.test_x::test_f[1.5]",
+        "tests.unittests.test_x::test_f[a::b]",
+    ]
+    ran, _ = series._pytest(stock_tree, ["unittests/test_x.py"], tmp_path / "all.xml", workers=1)
+    assert set(ran.tests) == set(names)  # the junit names of a run are the collected ones
+    patched = series.Outcomes(
+        {
+            "tests.unittests.test_x::test_f[a::b]": "passed",
+            "tests.unittests.test_x::test_f[1.5]": "skipped",
+            "tests.unittests.test_x.TestC::test_g": "passed",
+        }
+    )
+    stock, _ = series._stock_outcomes(stock_tree, ["unittests/test_x.py"], patched, tmp_path / "s.xml", workers=1)
+    assert stock.tests == {
+        "tests.unittests.test_x::test_f[a::b]": "not run",
+        "tests.unittests.test_x::test_f[1.5]": "passed",
+        "tests.unittests.test_x.TestC::test_g": "not run",
+        "tests.unittests.test_x.TestC::test_h": "not run",
+    }
+    assert series.compare_outcomes(stock, patched) == [
+        "skipped on the patched tree, passed on stock: tests.unittests.test_x::test_f[1.5]",
+        "missing on the patched tree: tests.unittests.test_x.TestC::test_h",
+    ]
+    assert stock.summary() == "1 passed, 0 skipped, 0 failed, 3 collected"

@@ -590,9 +590,13 @@ class Outcomes:
         return Counter(self.tests.values())
 
     def summary(self) -> str:
-        """``N passed, N skipped, N failed``."""
-        counts = self.counts()
-        return f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed"
+        """``N passed, N skipped, N failed`` (and ``, N collected`` for tests collected but not run)."""
+        return _counts_text(self.counts())
+
+
+def _counts_text(counts: Counter) -> str:
+    text = f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed"
+    return text + (f", {counts['not run']} collected" if counts["not run"] else "")
 
 
 def _touched(tree: Path, base: str) -> list[str]:
@@ -639,6 +643,18 @@ def _report_lines(lines: Sequence[str], returncode: int) -> list[str]:
     return failures + list(lines[max(end, len(lines) - 15) :])
 
 
+def _file_of(test: str) -> str:
+    """The test file of a path or node id relative to ``tests/`` (``unittests/a/test_b.py::test_c[x]``)."""
+    return test.split("::", 1)[0]
+
+
+def _pytest_env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")])))
+    env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
+    env.pop("USE_PYTEST_POOL", None)
+    return env
+
+
 def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tuple[Outcomes, float]:
     """Run upstream's tests of ``tree`` against ``tree/src``, as upstream's CI does; returns outcomes and seconds.
 
@@ -646,16 +662,15 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
     ``USE_PYTEST_POOL=1`` (upstream's process pool, a gloo world on the fixed ports 8088-8100: no xdist there).
     Without the pool, upstream skips its DDP tests or runs their ``ddp=True`` cases in a single process.
     """
-    existing = [p for p in paths if (tree / "tests" / p).exists()]
-    missing = {p: m for p, m in OPTIONAL_PACKAGE_TESTS.items() if p in existing and importlib.util.find_spec(m) is None}
+    existing = [p for p in paths if (tree / "tests" / _file_of(p)).exists()]
+    files = {_file_of(p) for p in existing}
+    missing = {p: m for p, m in OPTIONAL_PACKAGE_TESTS.items() if p in files and importlib.util.find_spec(m) is None}
     for path, module in missing.items():
         print(f"  left out {path}: needs `{module}`, which this environment does not have", flush=True)
-    existing = [p for p in existing if p not in missing]
+    existing = [p for p in existing if _file_of(p) not in missing]
     if not existing:  # pytest without paths would collect every test of the tree
         return Outcomes(), 0.0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")])))
-    env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
-    env.pop("USE_PYTEST_POOL", None)
+    env = _pytest_env(tree)
     outcomes, start = Outcomes(), time.monotonic()
     for marker, n, pool in (("not DDP", workers, False), ("DDP", 1, True)):
         part = report.with_name(f"{report.stem}-{'ddp' if pool else 'main'}{report.suffix}")
@@ -673,6 +688,51 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
         lines = result.stdout.decode(errors="replace").strip().splitlines()
         print("\n".join("    " + line for line in _report_lines(lines, result.returncode)), flush=True)
         outcomes.tests.update(Outcomes.read(part).tests)
+    return outcomes, time.monotonic() - start
+
+
+def _outcome_name(node_id: str) -> str:
+    """The :class:`Outcomes` name of a pytest node id (relative to the rootdir): its junit ``classname::name``."""
+    path, bracket, params = node_id.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    return f"{'.'.join(names[:-1])}::{names[-1]}{bracket}{params}"
+
+
+def _collected(tree: Path, paths: Sequence[str]) -> dict[str, str]:
+    """Outcome name -> node id (relative to ``tests/``) of every test of ``paths`` that :func:`_pytest` would run."""
+    existing = [p for p in paths if (tree / "tests" / p).exists()]
+    existing = [
+        p for p in existing if p not in OPTIONAL_PACKAGE_TESTS or importlib.util.find_spec(OPTIONAL_PACKAGE_TESTS[p])
+    ]
+    if not existing:
+        return {}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "--collect-only"]
+    command += [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect=tests/{t}" for t in DESELECTED_TESTS]
+    command += existing
+    result = subprocess.run(command, cwd=tree / "tests", env=_pytest_env(tree), capture_output=True, text=True)
+    # node ids are relative to pytest's rootdir, the tree: ``tests/unittests/...::test_name[params]``
+    ids = [line for line in result.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+    return {_outcome_name(node_id): node_id.removeprefix("tests/") for node_id in ids}
+
+
+def _stock_outcomes(
+    stock: Path, paths: Sequence[str], patched: Outcomes, report: Path, workers: int
+) -> tuple[Outcomes, float]:
+    """Stock's outcomes as far as :func:`compare_outcomes` needs them, and the seconds they took.
+
+    The comparison asks stock which tests it has (one the patched tree lacks is a problem) and whether a test that
+    the patched tree skips passes there (a failure on the patched tree is a problem whatever stock does; its stock
+    outcome only annotates it). Collecting stock's tests answers the first; only the tests the patched tree skipped
+    or failed run on stock for the second. The others have the outcome ``"not run"``: running all of stock's tests
+    took as long as ~40 % of the patched run, for answers the collection gives.
+    """
+    start = time.monotonic()
+    collected = _collected(stock, paths)
+    rerun = [collected[n] for n, o in sorted(patched.tests.items()) if o != "passed" and n in collected]
+    outcomes = Outcomes(dict.fromkeys(collected, "not run"))
+    if rerun:
+        outcomes.tests.update(_pytest(stock, rerun, report, workers)[0].tests)
     return outcomes, time.monotonic() - start
 
 
@@ -776,7 +836,7 @@ def _suite_counts(outcomes: Iterable[tuple[str, str]]) -> dict[str, Counter]:
 
 def _suite_table(label: str, stock: dict[str, Counter], patched: dict[str, Counter]) -> list[str]:
     def text(counts: Counter | None) -> str:
-        return f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed" if counts else "-"
+        return _counts_text(counts) if counts else "-"
 
     return [
         f"{label:16} {suite:52} stock: {text(stock.get(suite))} | patched: {text(patched.get(suite))}"
@@ -999,7 +1059,7 @@ def check_series(
             else:
                 after_live, live_paths = after, paths
             if baseline == "all" or (baseline == "first" and index == 0):
-                before, stock_seconds = _pytest(stock, live_paths, before_report, workers)
+                before, stock_seconds = _stock_outcomes(stock, live_paths, after_live, before_report, workers)
                 seconds += stock_seconds
                 problems += [f"{label}: {p}" for p in compare_outcomes(before, after_live)]
             else:
