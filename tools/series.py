@@ -648,6 +648,22 @@ def _file_of(test: str) -> str:
     return test.split("::", 1)[0]
 
 
+def _runnable(tree: Path, tests: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The ``tests`` (paths or node ids) that ``tree`` has, less those whose optional package is missing here.
+
+    Also returns the files left out for a missing package (file -> package).
+    """
+    existing = [t for t in tests if (tree / "tests" / _file_of(t)).exists()]
+    files = {_file_of(t) for t in existing}
+    missing = {p: m for p, m in OPTIONAL_PACKAGE_TESTS.items() if p in files and importlib.util.find_spec(m) is None}
+    return [t for t in existing if _file_of(t) not in missing], missing
+
+
+def _selection_options() -> list[str]:
+    """The ``--ignore``/``--deselect`` options of every run of upstream's tests (node ids: rootdir-relative)."""
+    return [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect=tests/{t}" for t in DESELECTED_TESTS]
+
+
 def _pytest_env(tree: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")])))
     env.pop("TORCHMETRICS_SYNCFREE_AUTOPATCH", None)
@@ -662,12 +678,9 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
     ``USE_PYTEST_POOL=1`` (upstream's process pool, a gloo world on the fixed ports 8088-8100: no xdist there).
     Without the pool, upstream skips its DDP tests or runs their ``ddp=True`` cases in a single process.
     """
-    existing = [p for p in paths if (tree / "tests" / _file_of(p)).exists()]
-    files = {_file_of(p) for p in existing}
-    missing = {p: m for p, m in OPTIONAL_PACKAGE_TESTS.items() if p in files and importlib.util.find_spec(m) is None}
+    existing, missing = _runnable(tree, paths)
     for path, module in missing.items():
         print(f"  left out {path}: needs `{module}`, which this environment does not have", flush=True)
-    existing = [p for p in existing if _file_of(p) not in missing]
     if not existing:  # pytest without paths would collect every test of the tree
         return Outcomes(), 0.0
     env = _pytest_env(tree)
@@ -677,8 +690,7 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE", "-m", marker]
         command += ["-n", str(n)] if n > 1 else []
         # node ids are relative to pytest's rootdir: the tree, where upstream's pyproject.toml is
-        command += [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect=tests/{t}" for t in DESELECTED_TESTS]
-        command += [f"--junitxml={part}", *existing]
+        command += [*_selection_options(), f"--junitxml={part}", *existing]
         prefix = ["USE_PYTEST_POOL=1"] if pool else []
         print("+", *prefix, " ".join(command), f"(in {tree / 'tests'})", flush=True)
         run_env = dict(env, USE_PYTEST_POOL="1") if pool else env
@@ -701,15 +713,11 @@ def _outcome_name(node_id: str) -> str:
 
 def _collected(tree: Path, paths: Sequence[str]) -> dict[str, str]:
     """Outcome name -> node id (relative to ``tests/``) of every test of ``paths`` that :func:`_pytest` would run."""
-    existing = [p for p in paths if (tree / "tests" / p).exists()]
-    existing = [
-        p for p in existing if p not in OPTIONAL_PACKAGE_TESTS or importlib.util.find_spec(OPTIONAL_PACKAGE_TESTS[p])
-    ]
+    existing = _runnable(tree, paths)[0]
     if not existing:
         return {}
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "--collect-only"]
-    command += [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect=tests/{t}" for t in DESELECTED_TESTS]
-    command += existing
+    command += [*_selection_options(), *existing]
     result = subprocess.run(command, cwd=tree / "tests", env=_pytest_env(tree), capture_output=True, text=True)
     # node ids are relative to pytest's rootdir, the tree: ``tests/unittests/...::test_name[params]``
     ids = [line for line in result.stdout.splitlines() if line.startswith("tests/") and "::" in line]
@@ -850,7 +858,7 @@ def _digest(outcomes: Sequence[tuple[str, str]]) -> str:
 
 def _run_options(tests: Sequence[str]) -> list[str]:
     """The ``--ignore``/``--deselect`` options of :func:`_pytest` for ``tests`` (a change makes a record stale)."""
-    options = [f"--ignore={p}" for p in IGNORED_TESTS] + [f"--deselect=tests/{t}" for t in DESELECTED_TESTS]
+    options = _selection_options()
     return [o for o in options if any(o.split("=", 1)[1].removeprefix("tests/").startswith(t) for t in tests)]
 
 
