@@ -1,9 +1,9 @@
-"""Spawned DDP worlds for the tests: each rank runs scenario functions in fresh process groups; every wait is bounded.
+"""DDP worlds for the tests: each rank runs scenario functions in fresh process groups; every wait is bounded.
 
 A scenario is ``(backend, function)``: ``function(rank, world_size)`` runs in every rank inside a process group of
 ``backend`` (``"gloo"``, or ``"cuda:gloo"``: on this CPU-only machine a group with a CUDA backend only, so that
 collectives on CPU tensors fail as under NCCL) and returns what the rank saw; the group is destroyed afterwards. The
-functions must be module-level (the ranks are spawned and import them by name). Collectives time out after
+functions must be module-level (the ranks import them by name). Collectives time out after
 :data:`TIMEOUT`; a world that is not done after :data:`WORLD_TIMEOUT_S` is killed and the test fails with the stacks
 of its ranks.
 
@@ -36,8 +36,24 @@ WORLD_TIMEOUT_S = 150.0
 Scenario = tuple[str, Callable[[int, int], dict[str, Any]]]
 
 
-def _rank_main(scenarios: list[Scenario], rank: int, world_size: int, tmp: str) -> None:
-    """Run ``scenarios`` one after the other, each in a fresh process group (destroyed and re-initialised)."""
+def _context() -> Any:
+    """Where the platform has it, a fork server that has imported torch and torchmetrics: each rank forks from it
+    instead of starting a Python that imports them again (half of a world's time on the 2-core VM, more with the
+    CUDA builds of torch). The server never runs tensor code, so its forks start without thread pools to inherit."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torchmetrics"])
+    return ctx
+
+
+def _rank_main(scenarios: list[Scenario], rank: int, world_size: int, tmp: str, environ: dict[str, str]) -> None:
+    """Run ``scenarios`` one after the other, each in a fresh process group (destroyed and re-initialised).
+
+    ``environ`` is the test's environment when it started the world: the fork server's is the one it started with.
+    """
+    os.environ.clear()
+    os.environ.update(environ)
     out = Path(tmp) / f"rank{rank}.pt"
     faulthandler.dump_traceback_later(WORLD_TIMEOUT_S - 10, exit=True, file=sys.stderr)
     if sys.platform == "linux":
@@ -65,10 +81,10 @@ def _rank_main(scenarios: list[Scenario], rank: int, world_size: int, tmp: str) 
 
 
 def run_world(scenarios: list[Scenario], world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
-    """Run ``scenarios`` on ``world_size`` spawned ranks; each rank's results by ``"<function name>@<backend>"``."""
-    ctx = mp.get_context("spawn")
+    """Run ``scenarios`` on ``world_size`` new processes; each rank's results by ``"<function name>@<backend>"``."""
+    ctx = _context()
     procs = [
-        ctx.Process(target=_rank_main, args=(scenarios, rank, world_size, str(tmp_path)), daemon=True)
+        ctx.Process(target=_rank_main, args=(scenarios, rank, world_size, str(tmp_path), dict(os.environ)), daemon=True)
         for rank in range(world_size)
     ]
     for proc in procs:
