@@ -1,9 +1,10 @@
 """The nominal metrics (areas ``cramers``, ``tschuprows``, ``pearsons_contingency``, ``theils_u``): CramersV,
 TschuprowsT, PearsonsContingencyCoefficient and TheilsU.
 
-Stock's values on both patched paths (to the bit on the CPU path, to float tolerance on the device path: sums over
-the whole table), with empty rows and columns, bias correction on and off, both NaN strategies; sync-free update,
-forward and compute on the device path; stock's warning as often as stock; stock's error types.
+Stock's values on both patched paths (the table's counts to the bit on both; the computes to the bit on the CPU
+path, stock's there, to float tolerance on the device path: sums over the whole table), with empty rows and columns,
+bias correction on and off, both NaN strategies; sync-free update, forward and compute on the device path; stock's
+warning as often as stock; stock's error types.
 """
 
 from __future__ import annotations
@@ -181,18 +182,24 @@ INVALID = {
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", list(INVALID))
 def test_invalid_input_raises_stocks_error_type(path: str, case: str) -> None:
-    """Stock's exception type (shape errors: its message; an index outside the table: the project's message, at
-    the update's end on a simulated device, with nothing left pending)."""
+    """Stock's exception type: shape errors with its message; an index outside the table with the project's message
+    (stock's comes from ``bincount`` or ``reshape``), on the CPU path at once with the batch left out of the table as
+    stock leaves it, on a simulated device at the update's end, with nothing left pending."""
     batch, error = INVALID[case]
     with pytest.raises(error) as stock_error:
         CramersV(num_classes=NUM).update(*batch)
     with torchmetrics_syncfree.patched():
         metric = CramersV(num_classes=NUM)
+        metric.update(torch.tensor([0, 1]), torch.tensor([1, 1]))
         with SyncProbe() if path == "device" else contextlib.nullcontext(), pytest.raises(error) as patched_error:
             metric.update(*batch)
-        if path == "cpu" or case in ("lengths", "3-d"):
+        if case in ("lengths", "3-d"):
             assert patched_error.value.args == stock_error.value.args
+        else:
+            assert "outside the contingency table" in str(patched_error.value)
         assert pending_checks(metric) == 0
+        if path == "cpu":
+            assert int(metric.confmat.sum()) == 2
 
 
 def test_index_outside_the_table_is_reported_once_and_not_counted(syncfree: Any) -> None:

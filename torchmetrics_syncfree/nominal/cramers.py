@@ -13,14 +13,15 @@ correction
                                                      a deferred warning of the metric (one per such compute)
 ==================================================  ===========================================================
 
-Replaced are the metric's ``__init__`` (its check counters), ``update`` and ``compute``; where host reads are free
-(CPU) both are stock's, so CPU results are stock's to the bit. On the device path the values are stock's to float
-tolerance (see :mod:`~torchmetrics_syncfree.nominal.utils`), NaN where stock's are; the warning comes at the
-metric's next eager point (the end of a ``forward``, the next ``compute()`` or ``reset()``). Pairs whose index
-``target * C + preds`` leaves the table (stock: ``RuntimeError`` from ``bincount`` or ``reshape``, and the batch is
-not counted) are not counted, the batch's other pairs are, and a ``RuntimeError`` with the project's message
-(``OUTSIDE_TABLE``) comes at the next eager point. The functional ``cramers_v`` finds its number of classes with
-``unique`` and stays stock's.
+Replaced are the metric's ``__init__`` (its check counters), ``update`` (the fixed-shape count on every device; where
+host reads are free its index check raises at once) and ``compute`` (stock's where host reads are free, so CPU
+results are stock's to the bit). On the device path the values are stock's to float tolerance (see
+:mod:`~torchmetrics_syncfree.nominal.utils`), NaN where stock's are; the warning comes at the metric's next eager
+point (the end of a ``forward``, the next ``compute()`` or ``reset()``). Pairs whose index ``target * C + preds``
+leaves the table (stock: ``RuntimeError`` from ``bincount`` or ``reshape``, and the batch is not counted) raise a
+``RuntimeError`` with the project's message (``OUTSIDE_TABLE``): where reads are free at once, the batch not
+counted; on the device path at the next eager point, the batch's other pairs counted. The functional ``cramers_v``
+finds its number of classes with ``unique`` and stays stock's.
 """
 
 from __future__ import annotations

@@ -178,15 +178,15 @@ def declare_patches(
 
     They belong to the area of ``module``; the four metrics differ only in their compute and their checks.
 
-    ``__init__``: stock's, plus the counters of :data:`KINDS`. ``update`` and ``compute``: stock's where host reads are
-    free (CPU: stock's values to the bit); otherwise :func:`add_contingency` and ``device_compute(metric)``.
+    ``__init__``: stock's, plus the counters of :data:`KINDS`. ``update``: :func:`add_contingency` on every device
+    (where reads are free, a pair outside the table raises at once). ``compute``: stock's where reads are free,
+    ``device_compute(metric)`` otherwise: the fixed-shape statistic visits all ``C**2`` cells where stock's visits
+    the filled rows and columns only, 1.2-1.7x stock's CPU time at 5 to 100 classes and 10-36x at 1000 (batch 32 to
+    1024), which ``forward`` would pay every step.
     """
     init = _deferred.checked_init(f"{cls}.__init__", module, lambda metric: KINDS, size=len(KINDS))
 
     def update(self: Any, preds: Tensor, target: Tensor) -> None:
-        if _deferred.reads_are_free(preds):
-            stock(f"{cls}.update")(self, preds, target)
-            return
         add_contingency(self, preds, target)
 
     def compute(self: Any) -> Tensor:
@@ -194,7 +194,7 @@ def declare_patches(
             return stock(f"{cls}.compute")(self)
         return device_compute(self)
 
-    update.__doc__ = "Stock's update where reads are free; otherwise the table counted with fixed shapes."
+    update.__doc__ = "The batch's contingency table counted with fixed shapes into ``confmat``."
     compute.__doc__ = "Stock's compute where reads are free; otherwise the statistic with fixed shapes."
     for fn in (update, compute):
         fn.__module__ = module
