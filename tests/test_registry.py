@@ -715,3 +715,20 @@ def test_a_cpu_probe_installs_its_hooks_while_entered():
             pass
         assert _instrumentation.simulating_device()
     assert _instrumentation.hooks is None
+
+
+def test_a_kept_signature_gives_way_to_a_later_override() -> None:
+    """Signatures are kept per function across ``patch_all()`` calls; one given ``__signature__`` or ``__wrapped__``
+    afterwards (e.g. by another library's decorator) is read again, as :func:`inspect.signature` reads it."""
+
+    def update(self: Any, value: Any) -> None: ...
+
+    def other(self: Any, preds: Any, target: Any) -> None: ...
+
+    assert tuple(_registry._signature(update).parameters) == ("self", "value")
+    assert _registry._signature(update) is _registry._signature(update)
+    update.__signature__ = inspect.signature(other)  # type: ignore[attr-defined]
+    assert tuple(_registry._signature(update).parameters) == ("self", "preds", "target")
+    del update.__signature__  # type: ignore[attr-defined]
+    update.__wrapped__ = other  # type: ignore[attr-defined]
+    assert _registry._signature(update) == inspect.signature(update)

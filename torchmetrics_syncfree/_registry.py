@@ -41,6 +41,7 @@ import inspect
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -239,11 +240,17 @@ def installed_torchmetrics_version() -> str:
     return torchmetrics.__version__
 
 
+@functools.cache
+def _supported(version: str, supported: str) -> bool:
+    """Whether the installed TorchMetrics (``version``: the cache's key) is in the range ``supported``."""
+    return bool(RequirementCache(f"torchmetrics{supported}"))
+
+
 def check_version(force: bool = False) -> None:
     """Raise :class:`UnsupportedVersionError` unless the installed TorchMetrics is supported (or forced)."""
     if force or os.environ.get(FORCE_ENV_VAR, "") not in ("", "0"):
         return
-    if not RequirementCache(f"torchmetrics{SUPPORTED_TORCHMETRICS}"):
+    if not _supported(installed_torchmetrics_version(), SUPPORTED_TORCHMETRICS):
         raise UnsupportedVersionError(
             f"torchmetrics_syncfree supports torchmetrics{SUPPORTED_TORCHMETRICS}, but torchmetrics"
             f" {installed_torchmetrics_version()} is installed. Nothing was patched. To try anyway, call"
@@ -262,6 +269,21 @@ def _available(spec: PatchSpec) -> bool:
     return hasattr(owner, name)
 
 
+#: the signatures of plain functions, by function: every ``patch_all()`` validates and relabels the same stock
+#: functions, and :func:`inspect.signature` was half of a ``patched()`` block's time (paid by every test that patches)
+_signatures: weakref.WeakKeyDictionary[FunctionType, inspect.Signature] = weakref.WeakKeyDictionary()
+
+
+def _signature(obj: Any) -> inspect.Signature:
+    """``inspect.signature(obj)``, kept for a plain function whose signature nothing overrides."""
+    if not isinstance(obj, FunctionType) or "__signature__" in obj.__dict__ or "__wrapped__" in obj.__dict__:
+        return inspect.signature(obj)
+    known = _signatures.get(obj)
+    if known is None:
+        known = _signatures[obj] = inspect.signature(obj)
+    return known
+
+
 def _validate(spec: PatchSpec) -> Any:
     """Check that the target exists with the expected signature and return its current value."""
     owner, name = _resolve(spec.target)
@@ -273,7 +295,7 @@ def _validate(spec: PatchSpec) -> Any:
     if current is _MISSING:
         raise PatchTargetError(f"{spec.target} does not exist in torchmetrics {installed_torchmetrics_version()}")
     if spec.params is not None:
-        found = tuple(inspect.signature(current).parameters)
+        found = tuple(_signature(current).parameters)
         if found != spec.params:
             raise PatchTargetError(
                 f"{spec.target} has parameters {found} in torchmetrics {installed_torchmetrics_version()},"
@@ -427,7 +449,7 @@ def _present_as_original(spec: PatchSpec) -> None:
         return
     own = {attr: getattr(replacement, attr) for attr in _PRESENTED}
     own["__signature__"] = replacement.__dict__.get("__signature__", _MISSING)
-    signature = inspect.signature(original)
+    signature = _signature(original)
     for attr in _PRESENTED:
         setattr(replacement, attr, getattr(original, attr))
     replacement.__signature__ = signature  # type: ignore[attr-defined]
