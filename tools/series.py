@@ -237,9 +237,9 @@ BASELINE_PACKAGES = (
     "pytest-rerunfailures",
     "pytest-doctestplus",
 )
-#: upstream suites that import a package which upstream's test requirements bring and the project's environments do
-#: not install (suite -> module): left out, with a note, where the module is missing (they pass with it, see
-#: docs/other-metrics.md)
+#: upstream suites that import a package which upstream's test requirements bring (suite -> module): left out, with a
+#: note, where the module is missing. ``tox -e upstream`` installs them all but torchvision
+#: (constraints/upstream-breadth.txt), so CI runs the series' tests in these suites
 OPTIONAL_PACKAGE_TESTS = {
     "unittests/image/test_psnr.py": "skimage",
     "unittests/segmentation/test_generalized_dice_score.py": "monai",
@@ -247,7 +247,7 @@ OPTIONAL_PACKAGE_TESTS = {
     "unittests/nominal/test_pearson.py": "pandas",
     "unittests/nominal/test_tschuprows.py": "pandas",
     # their references skip without dython, and a skip raised inside upstream's DDP process pool hangs the pool
-    # (stock's tree alike): left out where dython is missing (series 0036's tests there ran by hand, docs/patches.md)
+    # (stock's tree alike): left out where dython is missing
     "unittests/nominal/test_cramers.py": "dython",
     "unittests/nominal/test_theils_u.py": "dython",
     # series 0043-0050 add tests to these: upstream's references need netcal, fairlearn, monai and torchvision
