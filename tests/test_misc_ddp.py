@@ -1,10 +1,9 @@
-"""MinMaxMetric, PeakSignalNoiseRatio, Perplexity and GeneralizedDiceScore under DDP (2-rank gloo world).
+"""MinMaxMetric, PeakSignalNoiseRatio, Perplexity, GeneralizedDiceScore and CramersV under DDP (2-rank gloo world).
 
-Each rank runs the same life twice, on stock and (device path forced) on the patched metric: ``forward`` on two of
-its own batches (no sync: ``dist_sync_on_step`` is off), then ``compute`` (its states synced across the ranks:
-sums, the min/max bounds of MinMaxMetric, the list states of PSNR with ``dim``), then one more update and compute
-after a ``reset``. Every value must be stock's, on every rank.
-"""
+Each rank runs the same life three times, on stock and on the patched metric on both paths (reads free, and the
+device path forced): ``forward`` on two of its own batches (no sync: ``dist_sync_on_step`` is off), then ``compute``
+(its states synced across the ranks: sums, the min/max bounds of MinMaxMetric, the list states of PSNR with ``dim``),
+then one more update and compute after a ``reset``. Every value must be stock's, on every rank."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ def _cases() -> dict[str, tuple[Callable[[], Any], Callable[[torch.Generator], t
     """name -> (metric factory, batch maker); built in the rank, after ``torchmetrics`` is imported there."""
     from torchmetrics import MeanSquaredError
     from torchmetrics.image import PeakSignalNoiseRatio
+    from torchmetrics.nominal import CramersV
     from torchmetrics.segmentation import GeneralizedDiceScore
     from torchmetrics.text import Perplexity
     from torchmetrics.wrappers import MinMaxMetric
@@ -43,6 +43,9 @@ def _cases() -> dict[str, tuple[Callable[[], Any], Callable[[torch.Generator], t
     def segments(gen: torch.Generator) -> tuple[Tensor, Tensor]:
         return torch.randint(0, 3, (2, 6, 6), generator=gen), torch.randint(0, 3, (2, 6, 6), generator=gen)
 
+    def labels(gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        return torch.randint(0, 4, (12,), generator=gen), torch.randint(0, 4, (12,), generator=gen)
+
     return {
         "minmax": (lambda: MinMaxMetric(MeanSquaredError()), regression),
         "psnr": (lambda: PeakSignalNoiseRatio(data_range=1.0), images),
@@ -52,6 +55,7 @@ def _cases() -> dict[str, tuple[Callable[[], Any], Callable[[torch.Generator], t
             lambda: GeneralizedDiceScore(num_classes=3, input_format="index", per_class=True),
             segments,
         ),
+        "cramers": (lambda: CramersV(num_classes=4), labels),
     }
 
 
@@ -71,9 +75,10 @@ def _misc_world(rank: int, world_size: int) -> dict[str, Any]:
     for name, (make, batch) in _cases().items():
         out[f"{name} stock"] = _life(make(), batch, rank)
         with torchmetrics_syncfree.patched():
+            out[f"{name} patched-cpu"] = _life(make(), batch, rank)  # reads free: checks read at once
             _deferred.force_device_path(True)
             try:
-                out[f"{name} patched"] = _life(make(), batch, rank)
+                out[f"{name} patched-device"] = _life(make(), batch, rank)
             finally:
                 _deferred.force_device_path(False)
     return out
@@ -83,12 +88,17 @@ def test_values_under_ddp_are_stocks(tmp_path: Path) -> None:
     results = [res["_misc_world@gloo"] for res in _ddp_world.run_world([("gloo", _misc_world)], 2, tmp_path)]
     for rank, res in enumerate(results):
         names = sorted({key.rsplit(" ", 1)[0] for key in res})
-        assert len(names) == 5, names
+        assert len(names) == 6, names
         for name in names:
-            # forward's batch values differ between the ranks; compute's are the synced ones, the same on both
-            torch.testing.assert_close(
-                res[f"{name} patched"], res[f"{name} stock"], rtol=1e-6, atol=0, msg=f"{name} on rank {rank}"
-            )
+            for path in ("cpu", "device"):
+                # forward's batch values differ between the ranks; compute's are the synced ones, the same on both
+                torch.testing.assert_close(
+                    res[f"{name} patched-{path}"],
+                    res[f"{name} stock"],
+                    rtol=1e-6,
+                    atol=0,
+                    msg=f"{name} on rank {rank}, {path} path",
+                )
     for name in {key.rsplit(" ", 1)[0] for key in results[0]}:
         for step in (2, 3):  # the computes are synced: every rank sees the same value
             torch.testing.assert_close(results[0][f"{name} stock"][step], results[1][f"{name} stock"][step])
