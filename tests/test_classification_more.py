@@ -29,6 +29,7 @@ import torchmetrics_syncfree
 from tests._classification_cases import PATHS, assert_identical, parity, pending_checks
 from tests._probing import graph_breaks
 from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree.classification.group_fairness import GROUPS_OUTSIDE
 
 LABELS = 5
 GROUPS = 3
@@ -259,11 +260,17 @@ INVALID = {
 }
 
 
+#: documented: the groups' range check is one deferred check on every device, whose message names the problem (stock's
+#: names the largest group, which the device path does not read)
+OWN_MESSAGES = {"fairness groups": (GROUPS_OUTSIDE.message,)}
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", list(INVALID))
 def test_invalid_input_raises_stocks_error_type(path: str, case: str) -> None:
-    """Stock's exception type: at once on CPU (stock's message); on the device path host information (dtypes) at
-    once, values at the end of the update (the simulated copy arrives). The metric stays usable."""
+    """Stock's exception type: at once on CPU (stock's message, but ``OWN_MESSAGES``); on the device path host
+    information (dtypes) at once, values at the end of the update (the simulated copy arrives). The metric stays
+    usable."""
     make, batch, error = INVALID[case]
     with pytest.raises(error) as stock_error:
         make().update(*batch)
@@ -272,7 +279,7 @@ def test_invalid_input_raises_stocks_error_type(path: str, case: str) -> None:
         with SyncProbe() if path == "device" else contextlib.nullcontext(), pytest.raises(error) as patched_error:
             metric.update(*batch)
         if path == "cpu":
-            assert patched_error.value.args == stock_error.value.args
+            assert patched_error.value.args == OWN_MESSAGES.get(case, stock_error.value.args)
         assert pending_checks(metric) == 0
 
 
@@ -328,19 +335,20 @@ def test_invalid_batch_is_reported_later_and_left_out(syncfree: Any) -> None:
         assert torch.equal(getattr(metric, state), getattr(reference, state))
 
 
-def test_zero_l2_calibration_error_is_a_float_on_the_device_path(syncfree: Any) -> None:
-    """Documented deviation: stock returns ``torch.tensor(0)`` (int64, CPU) for a zero l2 error; the device path a
-    float zero (the same on CPU where reads are free: stock's)."""
+def test_zero_l2_calibration_error_is_a_float_on_every_path() -> None:
+    """Documented deviation: stock returns ``torch.tensor(0)`` (int64, CPU) for a zero l2 error; patched, a float zero
+    of the metric's dtype, where reads are free too (one implementation)."""
     preds, target = torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 1, 1])
-    metric = BinaryCalibrationError(norm="l2")
-    metric.update(preds, target)
-    assert metric.compute().dtype == torch.int64
-    with SyncProbe():
-        metric = BinaryCalibrationError(norm="l2")
-        metric.update(preds, target)
-        value = metric.compute()
-    assert value.dtype == torch.float32
-    assert value == 0
+    stock_metric = BinaryCalibrationError(norm="l2")
+    stock_metric.update(preds, target)
+    assert stock_metric.compute().dtype == torch.int64
+    for probe in (contextlib.nullcontext(), SyncProbe()):
+        with torchmetrics_syncfree.patched(), probe:
+            metric = BinaryCalibrationError(norm="l2")
+            metric.update(preds, target)
+            value = metric.compute()
+        assert value.dtype == torch.float32
+        assert value == 0
 
 
 @pytest.mark.parametrize("name", ["MultilabelRankingAveragePrecision", "BinaryFairness"])
@@ -410,3 +418,25 @@ def test_cuda_never_syncs_and_matches_stock(name: str) -> None:
             assert sorted(e) == sorted(g)
             e, g = torch.stack([e[k] for k in sorted(e)]), torch.stack([g[k] for k in sorted(g)])
         torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("task", ["binary", "multiclass"])
+def test_calibration_state_keeps_the_ignored_entries_on_every_path(path: str, task: str) -> None:
+    """Documented deviation: with ``ignore_index`` the list states keep every entry (stock's boolean mask has a
+    data-dependent shape), on the CPU path too; ``compute`` weighs the ignored ones 0, so the value is stock's."""
+    preds, target = _calibration_batches(task, -1, seed=3)[0]
+    make = {
+        "binary": lambda: BinaryCalibrationError(ignore_index=-1),
+        "multiclass": lambda: MulticlassCalibrationError(4, ignore_index=-1),
+    }[task]
+    reference = make()
+    reference.update(preds, target)
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        metric = make()
+        metric.update(preds, target)
+        value = metric.compute()
+    assert (target == -1).any()
+    assert torch.cat(metric.confidences).numel() == target.numel()
+    assert torch.cat(reference.confidences).numel() == int((target != -1).sum())
+    assert torch.equal(value, reference.compute())

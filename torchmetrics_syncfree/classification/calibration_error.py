@@ -1,10 +1,10 @@
 """Sync-free ``torchmetrics.classification.calibration_error``: BinaryCalibrationError, MulticlassCalibrationError.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 binary ``validate_args``: the binary confusion       its device flag, a deferred check of the metric (raised at
-matrix's ``torch.unique`` + ``if ...:``              once on CPU, reported at an eager point on the device path;
+matrix's ``torch.unique`` + ``if ...:``              once on CPU, reported at an eager point on an accelerator;
                                                      the list state takes the batch as it is, as the unbinned
                                                      PR curves' do)
 ``ignore_index``: ``preds[target != ii]`` (binary,   ignored entries stay in the list state (binary: their target
@@ -15,15 +15,15 @@ multiclass)                                          still ``ignore_index``; mul
 if ce > 0 else torch.tensor(0)``
 ==================================================  ===========================================================
 
-Where reads are free (CPU) the update is stock's (after the patched validation) and ``compute`` is stock's on the
-state without ignored entries: CPU results are stock's to the bit. On the device path the binning is stock's
-(``bucketize`` + ``scatter_add_``); ignored entries add 0 to every bin, which changes no float sum.
+One implementation on every device. The binning is stock's (``bucketize`` + ``scatter_add_``); an ignored entry adds
+0 to every bin, which changes no float sum: the values are stock's to the bit.
 
 Deliberate deviations from stock:
 
 * ``norm="l2"`` with a zero error returns a float 0 on the metric's device (stock: ``torch.tensor(0)``, int64 on the
-  CPU) on the device path;
-* with ``ignore_index`` the device path's list state keeps the ignored entries (see above).
+  CPU, whatever the metric's device and dtype);
+* with ``ignore_index`` the list states keep the ignored entries (see above): ``metric_state`` shows them, and a
+  state of ``n`` entries holds the ignored ones too.
 
 """
 
@@ -35,7 +35,6 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification.calibration_error import (
     _binning_bucketize,
-    _ce_compute,
     _multiclass_calibration_error_tensor_validation,
 )
 from torchmetrics.functional.classification.confusion_matrix import _binary_confusion_matrix_format
@@ -75,7 +74,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
         # an invalid batch enters the list state as it is (which entries are bad is not known on the device path);
         # its error is raised at the next eager point, by compute() at the latest
         _binary_calibration_error_tensor_validation(preds, target, self.ignore_index, metric=self)
-    if self.ignore_index is not None and not _deferred.reads_are_free(target):
+    if self.ignore_index is not None:  # kept in the state: removing them is a data-dependent shape
         preds, target = preds.flatten(), target.flatten()
         if preds.is_floating_point():
             preds = _probabilities(preds, target != self.ignore_index, "sigmoid")
@@ -90,7 +89,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
 
 @replaces(f"{_MODULE}.MulticlassCalibrationError.update", params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
-    if self.ignore_index is None or _deferred.reads_are_free(target):
+    if self.ignore_index is None:  # nothing to remove: stock's update reads nothing
         stock(f"{_MODULE}.MulticlassCalibrationError.update")(self, preds, target)
         return
     if self.validate_args:  # stock's (no value is read for score preds; label preds fail its float check)
@@ -148,11 +147,6 @@ def _calibration_error(confidences: Tensor, accuracies: Tensor, kept: Tensor | N
 @replaces(f"{_MODULE}.BinaryCalibrationError.compute", params=("self",), kind="metric_method")
 @replaces(f"{_MODULE}.MulticlassCalibrationError.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's on the state without ignored entries where reads are free, else the fixed-shape computation."""
+    """Stock's computation with fixed shapes, the ignored entries weighted 0."""
     confidences, accuracies = dim_zero_cat(self.confidences), dim_zero_cat(self.accuracies)
-    kept = _kept(self, accuracies)
-    if _deferred.reads_are_free(confidences):
-        if kept is not None:  # a state built on the device path (later moved to the CPU) keeps ignored entries
-            confidences, accuracies = confidences[kept], accuracies[kept]
-        return _ce_compute(confidences, accuracies, self.n_bins, norm=self.norm)
-    return _calibration_error(confidences, accuracies, kept, self.n_bins, self.norm)
+    return _calibration_error(confidences, accuracies, _kept(self, accuracies), self.n_bins, self.norm)

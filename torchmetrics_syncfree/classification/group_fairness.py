@@ -22,9 +22,9 @@ found in the data: 4 reads per ratio, 8 with        read (all ids in one copy) p
 ==================================================  ===========================================================
 
 BinaryGroupStatRates' ``compute`` (keys ``group_0`` ... from ``num_groups``) was already free of reads. The counts are
-integers: equal to stock's wherever stock counts each group in its own slot. Where reads are free stock's checks run
-first (its messages). BinaryFairness' ``compute`` is the one-read form on every device (before 2026-11-28 a CPU
-compute called stock's): the same ratios and keys.
+integers: equal to stock's wherever stock counts each group in its own slot. The group check is a deferred check on
+every device (read at once where reads are free). BinaryFairness' ``compute`` is the one-read form on every device
+(before 2026-11-28 a CPU compute called stock's): the same ratios and keys.
 
 Deliberate deviations from stock (tested in ``tests/test_classification_more.py``):
 
@@ -34,8 +34,9 @@ Deliberate deviations from stock (tested in ``tests/test_classification_more.py`
   ``max(groups) > num_groups``: a group equal to ``num_groups`` fails with an ``IndexError`` after the other groups'
   states were written, a negative one is counted in another group's slot. Without ``validate_args`` such entries are
   left out;
-* on the device path a validation error surfaces after the offending update has returned (the batch is left out of
-  the state), with a message that names the problem rather than the values;
+* a group outside ``[0, num_groups)`` raises with a message that names the problem rather than the values (stock
+  names the largest group), on an accelerator after the offending update has returned (the batch left out of the
+  state);
 * BinaryFairness with ``task="demographic_parity"`` runs on CUDA (stock's CPU zeros meet CUDA predictions).
 
 """
@@ -82,20 +83,12 @@ def _groups_validation(groups: Tensor, num_groups: int, metric: Any = None) -> T
     """Stock's checks; with the ``metric`` whose update validates, the range check is a device flag (returned).
 
     Every group must lie in ``[0, num_groups)`` (stock checks only ``max(groups) > num_groups``, see the module
-    docstring). Where reads are free stock's checks run first, with their messages.
+    docstring). The flag is a deferred check: read at once where reads are free (``GROUPS_OUTSIDE``'s
+    ``ValueError`` before the update changes anything), at an eager point elsewhere.
     """
     if metric is None:
         return stock(f"{_FUNCTIONAL}._groups_validation")(groups, num_groups)
-    outside = (groups < 0) | (groups >= num_groups)
-    if _deferred.reads_are_free(groups):
-        stock(f"{_FUNCTIONAL}._groups_validation")(groups, num_groups)
-        if outside.any():
-            raise ValueError(
-                f"The groups tensor holds identifiers from {int(groups.min())} to {int(groups.max())}, outside the"
-                f" specified number of groups {num_groups}. {_GROUPS_RULE}"
-            )
-        return None
-    flag = outside.any()
+    flag = ((groups < 0) | (groups >= num_groups)).any()
     _deferred.record(metric, GROUPS_OUTSIDE, flag)
     if groups.dtype != torch.long:
         raise ValueError(f"Expected dtype of argument groups to be long, not {groups.dtype}.")

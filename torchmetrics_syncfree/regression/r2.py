@@ -4,9 +4,9 @@
 stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``if num_obs < 2: raise ValueError``                 a host lower bound of the count (the smallest batch the
-(``num_obs``: the ``total`` state)                   metric's updates saw times their number); read on the
-                                                     device only when the bound is below 2, i.e. where stock
-                                                     raises (or after a merge, a sync or a compute group)
+(``num_obs``: the ``total`` state)                   metric's updates saw times their number); the count read
+                                                     only when the bound is below 2, i.e. where stock raises (or
+                                                     after a merge, a sync or a compute group)
 ``raw_scores[cond] = 1 - rss[cond] / tss[cond]``,    ``torch.where`` (the same elementwise operations)
 ``raw_scores[cond_rss & ~cond_tss] = 0.0``
 ``adjusted``: ``if adjusted > num_obs - 1`` /        both values computed, stock's selected with ``torch.where``;
@@ -16,15 +16,15 @@ update: ``self.state = self.state + value``          (no read in stock) in place
 ==================================================  ===========================================================
 
 ``compute`` has one implementation on every device, with stock's values to the bit (the same elementwise operations
-and reductions). Where reads are free (CPU) the count is read for stock's error and the ``adjusted`` warnings come at
-once, as stock's; elsewhere they come at the metric's next eager point (the end of a ``forward``, the next
-``compute()`` or ``reset()``), once per offending ``compute``, under DDP from rank zero only (stock's
-``rank_zero_warn``).
+and reductions). Where reads are free (CPU) the ``adjusted`` warnings come at once, as stock's; elsewhere they come
+at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or ``reset()``), once per offending
+``compute``, under DDP from rank zero only (stock's ``rank_zero_warn``).
 
-Deliberate deviation where reads are not free: a member of a ``MetricCollection`` compute group (whose updates the
-group's first member runs) keeps the bound of its own updates; if the group's later updates are empty batches, its bound
-can exceed the true count (only empty batches can make that happen), and a compute with fewer than 2 observations then
-returns a value instead of raising. Everything else raises as stock does.
+Deliberate deviations, on every device: a member of a ``MetricCollection`` compute group (whose updates the group's
+first member runs) keeps the bound of its own updates; if the group's later updates are empty batches, its bound can
+exceed the true count (only empty batches can make that happen), and a compute with fewer than 2 observations then
+returns a value instead of raising. A ``total`` state written by hand below what the updates added is not read
+either. Everything else raises as stock does.
 """
 
 from __future__ import annotations
@@ -130,9 +130,8 @@ def _raw_scores(rss: Tensor, tss: Tensor) -> Tensor:
 def _compute(self: Any) -> Tensor:
     """Stock's ``compute``: the same value without host reads where they are not free."""
     num_obs = self.total
-    # the count is read where that is free, else only where the host bound cannot rule stock's error out (mostly
-    # where stock raises)
-    if (_deferred.reads_are_free(num_obs) or count_at_least(self) < 2) and int(num_obs) < 2:
+    # the count is read only where the host bound cannot rule stock's error out (mostly where stock raises)
+    if count_at_least(self) < 2 and int(num_obs) < 2:
         raise ValueError("Needs at least two samples to calculate r2 score.")
     rss, sum_obs = self.residual, self.sum_error
     mean_obs = sum_obs / num_obs
