@@ -1,8 +1,8 @@
-"""HausdorffDistance: stock's values to the bit on both patched paths (every distance metric, directed or
-not, integer and float spacing, index, one-hot and bool inputs), a sync-free update/forward on the device path with
-the check counters' copy arrived and in flight (stock's hundreds of reads seen unpatched), stock's errors (masks not
-binarized, a class absent from both masks, class values outside the classes) as deferred checks with the batch left
-out, the documented non-square deviation, fewer launches than stock, and an update that traces with
+"""HausdorffDistance: stock's values to the bit on both patched paths (one implementation; every distance metric,
+directed or not, integer and float spacing, index, one-hot and bool inputs), a sync-free update/forward on the device
+path with the check counters' copy arrived and in flight (stock's hundreds of reads seen unpatched), stock's errors
+(masks not binarized, a class absent from both masks, class values outside the classes) as deferred checks with the
+batch left out, the documented non-square deviation, fewer launches than stock, and an update that traces with
 ``fullgraph=True``."""
 
 from __future__ import annotations
@@ -226,12 +226,13 @@ def _brute_force(preds: Tensor, target: Tensor, directed: bool) -> Tensor:
     return out
 
 
-def test_non_square_images_are_the_true_distance(syncfree: Any) -> None:
-    """Documented deviation: stock's CPU distance transform misplaces non-square images' distances (``i * h + j``);
-    the device path computes the true ones."""
+@pytest.mark.parametrize("path", PATHS)
+def test_non_square_images_are_the_true_distance(syncfree: Any, path: str) -> None:
+    """Documented deviation: stock's distance transform misplaces non-square images' distances (``i * h + j``); the
+    patched update, one implementation on every device, computes the true ones."""
     preds, target = (_onehot(x) for x in _batches("index", seed=8, rows=6, cols=10)[0])
     expected = _brute_force(preds, target, directed=False)
-    with SyncProbe():
+    with SyncProbe() if path == "device" else contextlib.nullcontext():
         metric = _make(CONFIGS[0], "one-hot")
         metric.update(preds, target)
     torch.testing.assert_close(metric.score, expected.sum())
