@@ -65,6 +65,27 @@ def _raises_once(path: str, call: Any, match: str = NAN_ERROR) -> None:
     call()  # reported once: the second time there is nothing left
 
 
+def test_record_reports_a_set_flag_with_the_given_error_only_where_reads_are_free(path: str) -> None:
+    """``record(..., report_at_once)``: where reads are free a set flag raises the caller's error (stock's, naming the
+    values); on the device path the flag is counted and the caller's error is never called."""
+    metric = MulticlassAccuracy(num_classes=3)
+    calls = []
+
+    def report() -> None:
+        calls.append(path)
+        raise ValueError("names the values")
+
+    assert not _deferred.record(metric, _deferred.INVALID_VALUES, t(False), report) or path == "device"
+    if path == "cpu":
+        with pytest.raises(ValueError, match="names the values"):
+            _deferred.record(metric, _deferred.INVALID_VALUES, t(True), report)
+        assert calls == ["cpu"]
+    else:
+        assert _deferred.record(metric, _deferred.INVALID_VALUES, t(True), report)
+        assert calls == []
+        assert int(getattr(metric, _deferred.STATE).sum()) == 1
+
+
 # ----------------------------------------------------------------------------------------------------- forward --
 @pytest.mark.parametrize(
     ("metric_cls", "kwargs"),

@@ -291,13 +291,14 @@ def _writable(metric: Any, counters: Tensor) -> Tensor:
     return counters
 
 
-def record(metric: Any, kind: Check, flag: Tensor) -> bool:
+def record(metric: Any, kind: Check, flag: Tensor, report_at_once: Callable[[], None] | None = None) -> bool:
     """File the 0-dim bool ``flag`` ("this update has the problem ``kind``") for ``metric``.
 
     Where reads are free the flag is read at once and, if set, reported at once (an error raises before the update
-    changes anything). On the device path it is added to the metric's counter in place and reported later. ``flag``
-    may also be a 0-dim integer count (a ``compute`` that finds the problem in several classes warns once per class,
-    as stock).
+    changes anything): by ``report_at_once`` where given (stock's error, which names the values it found: they are
+    read only then), else as ``kind``. On the device path it is added to the metric's counter in place and reported
+    later. ``flag`` may also be a 0-dim integer count (a ``compute`` that finds the problem in several classes warns
+    once per class, as stock).
 
     Returns:
         ``False`` when the flag is known to be clear, ``True`` when it is set or not read: callers use this to skip
@@ -307,6 +308,8 @@ def record(metric: Any, kind: Check, flag: Tensor) -> bool:
     if reads_are_free(flag):
         count = int(flag)
         if count:
+            if report_at_once is not None:
+                report_at_once()
             kind.report(count)
             return True
         return False

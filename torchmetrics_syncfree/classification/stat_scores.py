@@ -181,19 +181,14 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
 
 
 def _file_invalid(metric: Any, flag: Tensor, raise_at_once: Callable[[], None]) -> Tensor | None:
-    """File the validation ``flag`` of ``metric``'s update: raised at once where reads are free, else counted.
+    """File the validation ``flag`` of ``metric``'s update (``raise_at_once``: stock's error where reads are free).
 
     Returns:
-        The flag on the device path, for the update to leave the batch out of the state when it is set; ``None`` when
-        the batch is known to be valid.
+        The flag where it is not read, for the update to leave the batch out of the state when it is set; ``None``
+        when the batch is known to be valid.
 
     """
-    if _deferred.reads_are_free(flag):
-        if flag:
-            raise_at_once()
-        return None
-    _deferred.record(metric, _deferred.INVALID_VALUES, flag)
-    return flag
+    return flag if _deferred.record(metric, _deferred.INVALID_VALUES, flag, raise_at_once) else None
 
 
 def _outside(values: Tensor, allowed: tuple[int, ...], ignore_index: int | None = None) -> Tensor:
