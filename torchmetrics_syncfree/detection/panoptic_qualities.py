@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.detection.panoptic_qualities``: PanopticQuality and ModifiedPanopticQuality.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 ``_prepocess_inputs``: boolean mask writes of the    ``torch.where`` over every point; an unknown category in
 stuffs' instances and the unknown categories,        ``preds`` is a deferred ``ValueError`` (stock's type; the
@@ -13,27 +13,32 @@ intersection with ``if iou > 0.5`` and the false     areas and intersections by 
 negatives' and positives' ``if ... <= 0.5``          IoU, matches, false negatives and positives as masks,
 (hundreds of reads per update)                       counted per category with ``scatter_add_``
 ``_panoptic_quality_compute``: ``pq[denominator      ``torch.where`` sums divided by the count (``NaN`` where no
-> 0]`` (boolean masks) for the averages              category counts, as stock's mean of nothing)
+> 0]`` (boolean masks) for the averages              category counts, as stock's mean of nothing;
+                                                     where reads are free stock's compute)
 ==================================================  ===========================================================
 
-Where reads are free (CPU) every function is stock's, so CPU results are stock's to the bit. On the device path the
-segments, intersections and IoUs are stock's (the same integer areas, the same int64 division); the IoUs are summed
-per sample and category in stock's order (the pairs sorted as ``unique`` sorts them) and the samples in stock's order
-(a cumulative sum): stock's float64 sums to the bit on CPU; on CUDA the atomic ``scatter_add_`` may add in another
-order (float64 last bits). The counts are exact. The averages of ``compute()`` may differ from stock's mean in the
-last bits (another summation order). Input validation (``_validate_inputs``: types and shapes) raises at once, as
-stock. The functional ``panoptic_quality``/``modified_panoptic_quality`` (no metric to report an unknown category
-through) stay stock's. Memory: a few tensors of ``batch * points`` elements (stock: per sample).
+The update is one implementation on every device (on a CPU 10-20x faster than stock's loops: one thread, 2 x 32 x 32
+to 8 x 128 x 128 points, stock vs patched updates); where reads are free an unknown category raises at once with
+stock's text, before the state changes (on an accelerator the deferred check's text, which cannot name the values).
+The segments, intersections and IoUs are stock's (the same integer areas, the same int64 division); the IoUs are
+summed per sample and category in stock's order (the pairs sorted as ``unique`` sorts them) and the samples in stock's
+order (a cumulative sum): stock's float64 sums to the bit on CPU; on CUDA the atomic ``scatter_add_`` may add in
+another order (float64 last bits). The counts are exact. On the device path the averages of ``compute()`` may differ
+from stock's mean in the last bits (another summation order); where reads are free ``compute`` stays stock's for
+that reason. Input validation (``_validate_inputs``: types and shapes) raises at once, as stock. The functional
+``panoptic_quality``/``modified_panoptic_quality`` (no metric to report an unknown category through) stay stock's.
+Memory: a few tensors of ``batch * points`` elements (stock: per sample).
 
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.detection._panoptic_quality_common import _validate_inputs
+from torchmetrics.functional.detection._panoptic_quality_common import _prepocess_inputs, _validate_inputs
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
@@ -192,16 +197,15 @@ def _declare_update(name: str, modified_stuffs: bool) -> None:
     @replaces(spec, params=("self", "preds", "target"), kind="metric_method")
     def update(self: Any, preds: Tensor, target: Tensor) -> None:
         _validate_inputs(preds, target)  # types and shapes (host information): stock's errors at once
-        if _deferred.reads_are_free(preds):
-            stock(spec)(self, preds, target)
-            return
         iou_sum, true_positives, false_positives, false_negatives, unknown = _panoptic_update(
             self, preds, target, set(self.stuffs) if modified_stuffs else set()
         )
         if self.allow_unknown_preds_category:
             left_out = None
         else:
-            _deferred.record(self, UNKNOWN_CATEGORY, unknown)
+            # where reads are free stock's preprocessing raises its error, which names the unknown points
+            at_once = functools.partial(_prepocess_inputs, self.things, self.stuffs, preds, self.void_color, False)
+            _deferred.record(self, UNKNOWN_CATEGORY, unknown, at_once)
             left_out = unknown
         for state, value in (
             ("iou_sum", iou_sum),
@@ -213,7 +217,7 @@ def _declare_update(name: str, modified_stuffs: bool) -> None:
         _deferred.sweep(self)
 
     update.__name__ = update.__qualname__ = f"_{name}_update"
-    update.__doc__ = f"Stock's ``{name}.update``; on the device path one batched pass with fixed shapes."
+    update.__doc__ = f"Stock's ``{name}.update`` as one batched pass with fixed shapes."
     globals()[update.__name__] = update
 
     init = f"{_MODULE}.{name}.__init__"
