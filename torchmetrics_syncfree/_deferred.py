@@ -308,9 +308,10 @@ def record(metric: Any, kind: Check, flag: Tensor, report_at_once: Callable[[], 
     if reads_are_free(flag):
         count = int(flag)
         if count:
-            if report_at_once is not None:
+            if report_at_once is None:
+                kind.report(count)
+            else:
                 report_at_once()
-            kind.report(count)
             return True
         return False
     counters = metric.__dict__.get(STATE)
@@ -322,7 +323,9 @@ def record(metric: Any, kind: Check, flag: Tensor, report_at_once: Callable[[], 
     return True
 
 
-def record_in_compute(metric: Any, kind: Check, count: Tensor) -> None:
+def record_in_compute(
+    metric: Any, kind: Check, count: Tensor, report_at_once: Callable[[], None] | None = None
+) -> None:
     """File ``count`` (0-dim) problems of ``kind`` that ``compute()`` found: :func:`record`, kept past its end.
 
     While the states are synced (``compute()`` under DDP) the counters are the synced copy, which ``unsync()`` drops:
@@ -338,7 +341,7 @@ def record_in_compute(metric: Any, kind: Check, count: Tensor) -> None:
             cache[STATE] = cache[STATE].clone()  # as ``_writable``: restored by ``unsync()``, written here
         cache[STATE][_slot(metric, kind)].add_(count)
         return
-    record(metric, kind, count)
+    record(metric, kind, count, report_at_once)
 
 
 def _slot(metric: Any, kind: Check) -> int:

@@ -367,14 +367,20 @@ def _confusion_matrix_reduce(confmat: Tensor, normalize: str | None = None, metr
     else:
         confmat = confmat / confmat.sum(dim=[-2, -1], keepdim=True)
     nan = torch.isnan(confmat)
-    if metric is None or _deferred.reads_are_free(confmat):
-        nan_elements = int(nan.sum())
-        if nan_elements:
-            rank_zero_warn(f"{nan_elements} NaN values found in confusion matrix have been replaced with zeros.")
+    if metric is None:  # the functional interface: no metric to report through, stock's read
+        _warn_nan_elements(nan)
     else:
         _refresh_kinds(metric)
-        _deferred.record_in_compute(metric, NAN_IN_NORMALIZED, nan.any())
+        # where reads are free stock's warning at once, which counts the NaN values
+        _deferred.record_in_compute(metric, NAN_IN_NORMALIZED, nan.any(), functools.partial(_warn_nan_elements, nan))
     return confmat.masked_fill(nan, 0)
+
+
+def _warn_nan_elements(nan: Tensor) -> None:
+    """Stock's warning of a normalized confusion matrix with NaN values (read on the host)."""
+    nan_elements = int(nan.sum())
+    if nan_elements:
+        rank_zero_warn(f"{nan_elements} NaN values found in confusion matrix have been replaced with zeros.")
 
 
 @replaces(f"{_MODULE}.BinaryConfusionMatrix.compute", params=("self",), kind="metric_method")
