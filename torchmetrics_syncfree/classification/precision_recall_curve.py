@@ -720,7 +720,10 @@ def _keeps_ignored_entries(target: Tensor) -> bool:
     Stock drops them with a boolean mask (``preds[target != ignore_index]``: a data-dependent shape, read on the
     host). On the device path they stay, their targets still ``ignore_index`` (one-hot targets: ``IGNORED_ONE_HOT``,
     :func:`_micro_list_state`), and every compute of the family leaves them out (:func:`_ignored_entries_dropped`, or
-    weights of 0 in the fixed-shape AUROC/AveragePrecision). Where reads are free the state is stock's.
+    weights of 0 in the fixed-shape AUROC/AveragePrecision). Where reads are free the state is stock's: a CPU update
+    that kept them gave other curves than stock's in the last bit for 12 of 40 random logit batches (``BinaryROC``,
+    ``ignore_index=-1``, 30% ignored), as its logits test and sigmoid run over the batch before the ignored entries
+    are left out (the same on a GPU, where stock reads).
     """
     return not _deferred.reads_are_free(target)
 
