@@ -4,6 +4,7 @@ in flight or arrived; every warning and error still reaches the user once, and v
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -170,3 +171,25 @@ def test_an_error_in_running_compute_keeps_the_window(delay: int | None) -> None
     expected.update(*_labels(1))
     expected.update(*_labels(2))
     assert torch.equal(value, expected.compute())
+
+
+def test_a_hold_is_explicit_nests_and_stays_with_the_metric_it_holds() -> None:
+    """``_deferred.held`` marks the metric itself (stock's ``_defaults`` stay as they are); holds nest, and a copy made
+    inside a hold is a metric of its own, not held; a held reset keeps the counters' pending counts."""
+    with patched(), SyncProbe(), _deferred.simulated_copy_delay(None):
+        metric = MulticlassAccuracy(num_classes=5)
+        metric.update(*_labels(0, bad=True))
+        defaults, pending = metric._defaults, int(getattr(metric, _deferred.STATE).sum())
+        assert pending > 0
+        with _deferred.held(metric):
+            assert metric._defaults is defaults
+            assert _deferred.STATE in metric._defaults
+            with _deferred.held(metric):
+                assert _deferred.is_held(metric)
+            assert _deferred.is_held(metric)
+            assert not _deferred.is_held(copy.deepcopy(metric))
+            metric.reset()  # held: nothing read, the pending count kept
+            assert int(getattr(metric, _deferred.STATE).sum()) == pending
+        assert not _deferred.is_held(metric)
+        with pytest.raises(RuntimeError, match="not valid for this metric"):
+            metric.reset()

@@ -413,6 +413,16 @@ def _leave_out(metric: Any) -> dict[str, Any] | None:
     return defaults
 
 
+#: the metrics held by a wrapper now (:func:`held`): ``id(metric)`` -> the number of holds. Kept outside the metric,
+#: so that a copy or a pickle made inside a hold is not held.
+_holds: dict[int, int] = {}
+
+
+def is_held(metric: Any) -> bool:
+    """Whether a wrapper holds ``metric`` now (:func:`held`)."""
+    return id(metric) in _holds
+
+
 @contextmanager
 def held(*metrics: Any) -> Iterator[None]:
     """A wrapper's internal calls of the metrics it wraps: their pending counts travel on to the next eager point.
@@ -420,20 +430,22 @@ def held(*metrics: Any) -> Iterator[None]:
     Wrappers reset and compute the metrics they wrap as part of their own ``update``/``forward`` (``Running`` after
     every update, ``MinMaxMetric`` and ``BootStrapper`` inside ``forward``). A ``reset()`` reads the counters before it
     drops the states (:func:`take_pending`): on a GPU, where they are never known to be zero, a host wait inside every
-    such call. While held, a metric's counters are left out of its ``_defaults``, as ``forward`` leaves idle ones out
-    (:func:`_leave_out`), and it is in quiet time (:func:`_quiet_time`): its ``reset()`` is stock's, which leaves
-    them in place with what they hold, its ``compute()`` reports nothing and the end of its update (:func:`sweep`)
-    reads nothing. The counts stay in the metric's own counters, each once, until an eager point reads them: the
-    wrapper's ``compute()`` (the wrapped metric's compute), a user's ``reset()``, or an update outside the hold.
-    Nesting is safe (an inner hold finds the counters left out already and puts nothing back).
+    such call. While held (:func:`is_held`), a metric is in quiet time (:func:`_quiet_time`): its ``reset()`` resets
+    every state but the counters, which keep what they hold, its ``compute()`` reports nothing and the end of its
+    update (:func:`sweep`) reads nothing. The counts stay in the metric's own counters, each once, until an eager point
+    reads them: the wrapper's ``compute()`` (the wrapped metric's compute), a user's ``reset()``, or an update outside
+    the hold. Holds nest.
     """
-    restore = [(metric, _leave_out(metric)) for metric in metrics if STATE in metric.__dict__]
+    holding = [id(metric) for metric in metrics if STATE in metric.__dict__]
+    for key in holding:
+        _holds[key] = _holds.get(key, 0) + 1
     try:
         yield
     finally:
-        for metric, defaults in restore:
-            if defaults is not None:
-                metric.__dict__["_defaults"] = defaults
+        for key in holding:
+            count = _holds.pop(key) - 1
+            if count:
+                _holds[key] = count
 
 
 def leave_out_counters(metric: Any) -> tuple[dict[str, Any] | None, bool]:
@@ -543,7 +555,7 @@ def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
 
 def _quiet_time(metric: Any) -> bool:
     """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
-    return inside_forward(metric) or is_compiling() or STATE not in metric.__dict__.get("_defaults", (STATE,))
+    return inside_forward(metric) or is_compiling() or id(metric) in _holds
 
 
 def sweep(metric: Any) -> None:

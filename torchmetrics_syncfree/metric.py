@@ -144,6 +144,10 @@ def reset(self: Any) -> None:
         # no counters, or idle ones that forward left out (they keep what they hold): stock's reset
         _reset_states(self)
         return
+    if _deferred.is_held(self):
+        # a wrapper's internal reset: the counters keep what they hold for the next eager point (``_deferred.held``)
+        _reset_states(self, keep=_deferred.STATE)
+        return
     pending = _deferred.take_pending(self)
     _reset_states(self)
     _deferred.mark_zero(self.__dict__[_deferred.STATE])
@@ -189,21 +193,26 @@ def _write(metric: Any, flags: dict[str, Any], name: str, value: Any) -> None:
         setattr(metric, name, value)
 
 
-def _reset_states(self: Any) -> None:
+def _reset_states(self: Any, keep: str | None = None) -> None:
     """Stock's ``Metric.reset`` (the same in 1.6.1-1.9), writing ``__dict__`` where ``setattr`` would do just that.
 
     Every ``forward`` resets its metric, so this is host time of every step: stock's ``setattr`` of five flags and
     every state went through ``nn.Module.__setattr__``'s checks, and each state's ``detach().to(device)`` was a
-    dispatch that returns its input.
+    dispatch that returns its input. ``keep``: a state left as it is (the counters of a held metric).
     """
     if not _plain_setattr(self):
+        kept = getattr(self, keep) if keep is not None else None
         stock(f"{_METRIC}.reset")(self)
+        if keep is not None:
+            setattr(self, keep, kept)
         return
     flags = self.__dict__
     flags["_update_count"] = 0
     flags["_forward_cache"] = None
     flags["_computed"] = None
     for attr, default in self._defaults.items():
+        if attr == keep:
+            continue
         current = getattr(self, attr)
         if isinstance(default, Tensor):
             fresh = (default.detach() if default.requires_grad else default).clone()

@@ -17,15 +17,14 @@ wrapper                                         stock's internal calls          
 ``BootStrapper.forward``                        the same, for every bootstrap   2 per bootstrap
 =============================================  ==============================  ===============================
 
-Here those calls hold the wrapped metrics (``_deferred.held``): a held metric's counters are left out of its
-states, so that its reset leaves them, and what they count, in place, and its compute and the end of its updates read
-nothing. The counts travel in the wrapped metric's own counters to the next eager point, where they are reported
-once each: the wrapper's ``compute()`` (which computes the wrapped metric), a user's ``reset()`` of the wrapper, or
-(``MinMaxMetric``, ``BootStrapper``) an ``update`` of the wrapper, whose end reports what has arrived. ``Running``
-holds its base metric in ``update`` and ``forward`` too, so that nothing is reported between the base's update and
-the wrapper's bookkeeping (a late error there would leave the batch in the base metric's state and out of the
-window), and its ``compute`` resets the base metric even when the base's compute raises a reported error: the
-window's states are never lost.
+Here those calls hold the wrapped metrics (``_deferred.held``): a held metric's reset leaves its counters, and what they
+count, in place, and its compute and the end of its updates read nothing. The counts travel in the wrapped metric's own
+counters to the next eager point, where they are reported once each: the wrapper's ``compute()`` (which computes the
+wrapped metric), a user's ``reset()`` of the wrapper, or (``MinMaxMetric``, ``BootStrapper``) an ``update`` of the
+wrapper, whose end reports what has arrived. ``Running`` holds its base metric in ``update`` and ``forward`` too, so
+that nothing is reported between the base's update and the wrapper's bookkeeping (a late error there would leave the
+batch in the base metric's state and out of the window), and its ``compute`` resets the base metric even when the base's
+compute raises a reported error: the window's states are never lost.
 
 Values, states and stock's own errors are stock's on both paths: the code is stock's, with the holds added. Where
 reads are free (CPU) no update writes the counters, and nothing changes.
@@ -44,12 +43,13 @@ _RUNNING = "torchmetrics.wrappers.running.Running"
 def _keep_window_slot(self: Any, slot: int) -> None:
     """Stock's bookkeeping after the base metric's update: its states into the window's ``slot``, then its reset.
 
-    Run holding the base metric: its counters are out of ``_defaults``, so the slot never gets them (they stay the
-    base metric's own, counted once), and its reset keeps them.
+    Run holding the base metric: the slot never gets its counters (they stay the base metric's own, counted once), and
+    its reset keeps them.
     """
     base = self.base_metric
     for key in base._defaults:
-        setattr(self, key + f"_{slot}", getattr(base, key))
+        if key != _deferred.STATE:
+            setattr(self, key + f"_{slot}", getattr(base, key))
     base.reset()
     self._num_vals_seen += 1
 

@@ -104,7 +104,7 @@ def _sum_states(metric: Any) -> list[str] | None:
 
     Metrics with deferred checks are left out: the filler row's own update would file its problems a second time.
     """
-    if not hasattr(metric.update, "__wrapped__") or _deferred.STATE in metric._defaults:
+    if not hasattr(metric.update, "__wrapped__") or _deferred.counters_of(metric) is not None:
         return None  # not a metric's own wrapped update, or one with check counters
     states = list(metric._defaults)
     summed = all(
