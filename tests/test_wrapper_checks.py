@@ -16,6 +16,7 @@ from torchmetrics.aggregation import MeanMetric, RunningMean, RunningSum
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.wrappers import BootStrapper, MinMaxMetric, Running
 
+from tests import _series_tree
 from tests._classification_cases import assert_identical
 from torchmetrics_syncfree import SyncProbe, _deferred, patched, registered_areas
 from torchmetrics_syncfree.probe import HOST_WAIT
@@ -176,20 +177,21 @@ def test_an_error_in_running_compute_keeps_the_window(delay: int | None) -> None
 def test_a_hold_is_explicit_nests_and_stays_with_the_metric_it_holds() -> None:
     """``_deferred.held`` marks the metric itself (stock's ``_defaults`` stay as they are); holds nest, and a copy made
     inside a hold is a metric of its own, not held; a held reset keeps the counters' pending counts."""
+    holds = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred  # the form under test
     with patched(), SyncProbe(), _deferred.simulated_copy_delay(None):
         metric = MulticlassAccuracy(num_classes=5)
         metric.update(*_labels(0, bad=True))
         defaults, pending = metric._defaults, int(getattr(metric, _deferred.STATE).sum())
         assert pending > 0
-        with _deferred.held(metric):
+        with holds.held(metric):
             assert metric._defaults is defaults
             assert _deferred.STATE in metric._defaults
-            with _deferred.held(metric):
-                assert _deferred.is_held(metric)
-            assert _deferred.is_held(metric)
-            assert not _deferred.is_held(copy.deepcopy(metric))
+            with holds.held(metric):
+                assert holds.is_held(metric)
+            assert holds.is_held(metric)
+            assert not holds.is_held(copy.deepcopy(metric))
             metric.reset()  # held: nothing read, the pending count kept
             assert int(getattr(metric, _deferred.STATE).sum()) == pending
-        assert not _deferred.is_held(metric)
+        assert not holds.is_held(metric)
         with pytest.raises(RuntimeError, match="not valid for this metric"):
             metric.reset()
