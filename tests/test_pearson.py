@@ -8,6 +8,7 @@ import copy
 import pickle
 import warnings
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from tests._classification_cases import PATHS, parity, pending_checks
 from tests._probing import graph_breaks, warning_messages
 from tests._regression_cases import batches, constant, pearson, with_small_batches
 from torchmetrics_syncfree import SyncProbe
+from torchmetrics_syncfree.regression import pearson as pearson_module
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "half": torch.half}
 
@@ -38,6 +40,24 @@ def test_parity_with_stock(path: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the variance warning: counted below
         parity(_cases(), path=path)
+
+
+@pytest.mark.skipif(pearson_module._SCALED, reason="this release's update reads nothing: stock's runs")
+def test_early_release_update_reads_no_count_on_cpu(syncfree: Any) -> None:
+    """1.6/1.7.1: stock's update reads ``num_prior.mean() > 0``; the patched one, one implementation on every device,
+    knows the branch on the host (first update, earlier batches) or selects it on the device, with stock's values."""
+    data = with_small_batches(batches(seed=4, outputs=3))
+    reference = pearson(num_outputs=3)()
+    torchmetrics_syncfree.unpatch_all()
+    for preds, target in data:
+        reference.update(preds, target)
+    torchmetrics_syncfree.patch_all()
+    metric = pearson(num_outputs=3)()
+    with mock.patch.object(torch.Tensor, "__bool__", side_effect=AssertionError("a read of the count")):
+        for preds, target in data:
+            metric.update(preds, target)
+    for state in ("mean_x", "mean_y", "var_x", "var_y", "corr_xy", "n_total"):
+        assert torch.equal(getattr(metric, state), getattr(reference, state)), state
 
 
 @pytest.mark.parametrize("outputs", [1, 3])

@@ -14,7 +14,8 @@ The update reads nothing (its ``num_obs == 1`` branch is the batch's shape) and 
 aggregation of several ranks' running statistics (``_final_aggregation``: tensor arithmetic). Each release's code is
 followed, told apart by feature (1.7.4 has 1.9's code, 1.7.1 not): 1.6 (warning only), 1.7.1 (NaN for near-zero
 variances), 1.7.4-1.9 (statistics scaled by the largest absolute deviation; non-finite statistics masked too). The
-releases before the scaling read the prior count in their update (``if num_prior.mean() > 0``): replaced too.
+releases before the scaling read the prior count in their update (``if num_prior.mean() > 0``): replaced too, on
+every device (one implementation: stock's arithmetic, the branch known on the host or selected with ``torch.where``).
 
 ``compute`` has one implementation on every device, with stock's values to the bit; the warning comes at once where
 reads are free (CPU), else at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or
@@ -185,12 +186,9 @@ def _update(self: Any, preds: Tensor, target: Tensor) -> None:
         return
     smallest = self.__dict__.get(SMALLEST_BATCH, 0)
     self.__dict__[SMALLEST_BATCH] = 0  # an update that raises leaves no bound
-    if _deferred.reads_are_free(preds):
-        stock(f"{_MODULE}.PearsonCorrCoef.update")(self, preds, target)
-    else:
-        # the updates before this one (counted already by stock's wrapper) surely added an observation
-        prior_counted = (smallest or 0) * (self._update_count - 1) >= 1
-        _early_running_update(self, preds, target, prior_counted)
+    # the updates before this one (counted already by stock's wrapper) surely added an observation
+    prior_counted = (smallest or 0) * (self._update_count - 1) >= 1
+    _early_running_update(self, preds, target, prior_counted)
     size = preds.shape[0]
     self.__dict__[SMALLEST_BATCH] = size if smallest is None else min(smallest, size)
 
