@@ -113,16 +113,20 @@ def _kept(self: Any, accuracies: Tensor) -> Tensor | None:
 
 
 def _weighted_bins(confidences: Tensor, accuracies: Tensor, kept: Tensor, bins: Tensor) -> tuple[Tensor, ...]:
-    """Stock's ``_binning_bucketize`` where only the ``kept`` entries count: the others add 0 to every bin."""
+    """Stock's ``_binning_bucketize`` of the ``kept`` entries, with fixed shapes.
+
+    The other entries are summed into a sink bin past the last one, which is dropped (they may hold NaN accuracies and
+    confidences outside [0, 1]): every bin sums stock's terms in stock's order. The count, confidence and accuracy
+    sums are one ``scatter_add_`` into three rows.
+    """
     dtype, size = confidences.dtype, len(bins)
-    indices = (torch.bucketize(confidences, bins, right=True) - 1).clamp_(0, size - 1)  # any bin for ignored ones
-
-    def binned(values: Tensor) -> Tensor:
-        return torch.zeros(size, device=confidences.device, dtype=dtype).scatter_add_(0, indices, values)
-
-    count_bin = binned(kept.to(dtype))
-    conf_bin = torch.nan_to_num(binned(torch.where(kept, confidences, 0.0)) / count_bin)
-    acc_bin = torch.nan_to_num(binned(torch.where(kept, accuracies.to(dtype), 0.0)) / count_bin)
+    indices = (torch.bucketize(confidences, bins, right=True) - 1).clamp_(0, size - 1)
+    indices = torch.where(kept, indices, size)
+    values = torch.stack([torch.ones_like(confidences), confidences, accuracies.to(dtype)])
+    sums = torch.zeros(3, size + 1, dtype=dtype, device=confidences.device)
+    count_bin, conf_sum, acc_sum = sums.scatter_add_(1, indices.expand(3, -1), values)[:, :size].unbind()
+    conf_bin = torch.nan_to_num(conf_sum / count_bin)
+    acc_bin = torch.nan_to_num(acc_sum / count_bin)
     return acc_bin, conf_bin, count_bin / count_bin.sum()
 
 

@@ -161,15 +161,17 @@ def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Te
     """Stock's ``normalize_logits_if_needed(preds[kept], normalization)`` without the boolean mask.
 
     Stock removes the ignored entries (``kept``: a mask that broadcasts to ``preds``) first, so only the kept ones
-    decide whether ``preds`` are logits. Where reads are free stock's CPU test is used (NaN counts as outside [0, 1]),
-    on the device path stock's accelerator test.
+    decide whether ``preds`` are logits. Where reads are free stock's CPU test is used (NaN counts as outside [0, 1])
+    and read at once, on the device path stock's accelerator test.
     """
     if kept is None:
         return normalize_logits_if_needed(preds, normalization)
-    free = _deferred.reads_are_free(preds)
-    outside = ~((preds >= 0) & (preds <= 1)) if free else (preds < 0) | (preds > 1)
+    if _deferred.reads_are_free(preds):
+        # stock's CPU test, read at once: the activation only where it is needed (the same values, less work)
+        logits = bool((~((preds >= 0) & (preds <= 1)) & kept).any())
+        return activated(preds, normalization) if logits else preds
     normalized = activated(preds, normalization)
-    return torch.where((outside & kept).any(), normalized, preds)
+    return torch.where((((preds < 0) | (preds > 1)) & kept).any(), normalized, preds)
 
 
 def _in_four_cells(
