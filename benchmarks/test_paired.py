@@ -111,6 +111,16 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (32, 256)
     ),
     (Config("ExactMatch(task='multilabel', num_labels=100)"), 256),
+    # CalibrationError with ignore_index: the kept-entries update and the fixed-shape bins on every device (stock
+    # selects the kept entries with a boolean mask)
+    *(
+        (Config(spec), batch)
+        for spec in (
+            "CalibrationError(task='binary', ignore_index=-1)",
+            "CalibrationError(task='multiclass', num_classes=10, ignore_index=-1)",
+        )
+        for batch in (32, 1024)
+    ),
     # the regression metrics (compute-time syncs; KLDivergence's update) at a larger batch
     *(
         (Config(spec), 1024)
