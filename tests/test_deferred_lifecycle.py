@@ -138,14 +138,16 @@ def test_forward_reads_nothing_and_reports_at_its_end() -> None:
 
 
 class _SeesItsStates(SumMetric):
-    """Notes, in every update, whether the check counters are among the states that forward copies and reduces."""
+    """Notes, in every update, whether the check counters are among the states that forward copies and reduces
+    (they are held where they are: stock's ``_defaults`` keep them)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.counters_seen: list[bool] = []
 
     def update(self, value: Any) -> None:
-        self.counters_seen.append(_deferred.STATE in self._defaults)
+        deferred = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred
+        self.counters_seen.append(_deferred.STATE in self._defaults and not deferred.is_held(self))
         super().update(value)
 
 

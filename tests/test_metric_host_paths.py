@@ -118,6 +118,27 @@ def test_forward_clones_no_accumulated_state() -> None:
     assert patched <= stock - 3
 
 
+def test_forward_of_list_states_launches_as_many_kernels_late_in_an_epoch_as_early() -> None:
+    """Stock clones every element of a list state in every ``forward``: its cost grows with the epoch. The held list
+    keeps the accumulated elements themselves (``reset()`` clears the metric's own list, not the held one)."""
+
+    def launches_after(updates: int) -> tuple[int, bool]:
+        metric = CatMetric()
+        for step in range(updates):
+            metric(torch.tensor([float(step)]))
+        elements = list(metric.value)
+        count = count_launches(metric, torch.tensor([-1.0]))[0]
+        return count, all(a is b for a, b in zip(metric.value, elements))
+
+    torchmetrics_syncfree.unpatch_all()
+    (stock_early, _), (stock_late, _) = launches_after(1), launches_after(20)
+    with torchmetrics_syncfree.patched():
+        (early, _), (late, kept) = launches_after(1), launches_after(20)
+    assert stock_late >= stock_early + 19  # a clone per element
+    assert early == late <= stock_early
+    assert kept, "the accumulated elements themselves, not copies"
+
+
 @pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
 def test_forward_of_a_metric_with_its_own_reset_copies_the_states(path: str) -> None:
     (stock_values, _), (patched_values, _) = _stock_and_patched(
@@ -128,7 +149,7 @@ def test_forward_of_a_metric_with_its_own_reset_copies_the_states(path: str) -> 
 
 @pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
 def test_forward_of_list_states_is_stock(path: str) -> None:
-    """``reset()`` clears a list state in place: forward keeps stock's copy of it."""
+    """``reset()`` clears a list state in place: forward holds the accumulated elements in a list of its own."""
     (stock_values, stock), (patched_values, patched) = _stock_and_patched(
         CatMetric, lambda m: [m(torch.tensor([1.0, 2.0])), m(torch.tensor([3.0])), m.compute()], path
     )

@@ -378,41 +378,6 @@ def _surely_zero(counters: Tensor) -> bool:
     return entry is not None and entry[0]() is counters and entry[1] == counters._version
 
 
-def leave_out_idle_counters(metric: Any) -> dict[str, Any] | None:
-    """Leave ``metric``'s check counters out of its states, if nothing until they are put back can write them.
-
-    Where reads are free, :func:`record` reads every flag at once and never writes the counters. ``forward`` copies,
-    resets and reduces every state of the metric (a third of its fixed cost for a metric with two states of its own);
-    with the idle counters left out of ``metric._defaults`` it does stock's work, and the counters keep, in place,
-    whatever they held before (pending counts stay pending). Left in: counters that may be written (the device path,
-    tracing) and those of a metric that syncs its states in ``forward`` (``dist_sync_on_step``: the sync's copy of
-    the states must restore them).
-
-    Returns:
-        The metric's own ``_defaults``, to put back (``metric.__dict__["_defaults"] = ...``, in a ``finally``) when
-        the counters were left out: then nothing in between can have filed anything to report; else ``None``.
-        A function and an inline ``try``/``finally`` rather than a context manager: this runs in every ``forward``,
-        where each Python call is host time.
-
-    """
-    counters = metric.__dict__.get(STATE)
-    if counters is None or metric.dist_sync_on_step or not reads_are_free(counters):
-        return None
-    return _leave_out(metric)
-
-
-def _leave_out(metric: Any) -> dict[str, Any] | None:
-    """Install ``metric._defaults`` without the counters; the metric's own dict, to put back (``None``: none there)."""
-    defaults = metric._defaults
-    if STATE not in defaults:
-        return None
-    # a new dict, put back afterwards: the metric's own dict (and its order) stays as it was
-    without_counters = dict(defaults)
-    del without_counters[STATE]
-    metric.__dict__["_defaults"] = without_counters
-    return defaults
-
-
 #: the metrics held by a wrapper now (:func:`held`): ``id(metric)`` -> the number of holds. Kept outside the metric,
 #: so that a copy or a pickle made inside a hold is not held.
 _holds: dict[int, int] = {}
@@ -421,6 +386,20 @@ _holds: dict[int, int] = {}
 def is_held(metric: Any) -> bool:
     """Whether a wrapper holds ``metric`` now (:func:`held`)."""
     return id(metric) in _holds
+
+
+def hold(metric: Any) -> None:
+    """Hold ``metric`` until :func:`release` (:func:`held` is the context manager; this pair serves ``forward``)."""
+    key = id(metric)
+    _holds[key] = _holds.get(key, 0) + 1
+
+
+def release(metric: Any) -> None:
+    """End one :func:`hold` of ``metric``."""
+    key = id(metric)
+    count = _holds.pop(key) - 1
+    if count:
+        _holds[key] = count
 
 
 @contextmanager
@@ -434,43 +413,40 @@ def held(*metrics: Any) -> Iterator[None]:
     every state but the counters, which keep what they hold, its ``compute()`` reports nothing and the end of its
     update (:func:`sweep`) reads nothing. The counts stay in the metric's own counters, each once, until an eager point
     reads them: the wrapper's ``compute()`` (the wrapped metric's compute), a user's ``reset()``, or an update outside
-    the hold. Holds nest.
+    the hold. Holds nest. ``forward`` holds a metric too, around its own state work (:func:`forward_holds_counters`).
     """
-    holding = [id(metric) for metric in metrics if STATE in metric.__dict__]
-    for key in holding:
-        _holds[key] = _holds.get(key, 0) + 1
+    holding = [metric for metric in metrics if STATE in metric.__dict__]
+    for metric in holding:
+        hold(metric)
     try:
         yield
     finally:
-        for key in holding:
-            count = _holds.pop(key) - 1
-            if count:
-                _holds[key] = count
+        for metric in holding:
+            release(metric)
 
 
-def leave_out_counters(metric: Any) -> tuple[dict[str, Any] | None, bool]:
-    """The reduce-state ``forward``: leave the check counters out of its state copy, reset and reduction.
+def forward_holds_counters(metric: Any) -> tuple[bool, bool]:
+    """Whether ``forward`` holds the check counters (:func:`hold`) out of its state copy, reset and reduction.
 
     Its one update of the batch is the update whose problems they count, so the counters stay where they are: written
     in place by that update (and by the batch's ``compute``, which files its warnings), and read by the sweep at the
     end. Stock's state work would copy, reset and sum them back (three kernel launches per ``forward`` on a GPU) for
-    the same result. Left in: the counters of a metric that syncs its states in ``forward`` (``dist_sync_on_step``),
-    and while ``torch.compile`` traces (the traced forward keeps stock's state work).
+    the same result. Where reads are free :func:`record` never writes them (idle counters): they keep, in place,
+    whatever they held before (pending counts stay pending). Not held: the counters of a metric that syncs its states
+    in ``forward`` (``dist_sync_on_step``: the sync's copy of the states must restore them), and while
+    ``torch.compile`` traces (the traced forward keeps stock's state work).
 
     Returns:
-        ``(defaults, idle)``: the metric's own ``_defaults`` to put back in a ``finally`` when the counters were left
-        out (else ``None``), and whether they are idle (reads are free: :func:`leave_out_idle_counters`), so that
-        ``forward`` need not sweep.
+        ``(hold, idle)``: whether to hold them, and whether they are idle, so that ``forward`` need not sweep.
 
     """
     counters = metric.__dict__.get(STATE)
     if counters is None or metric.dist_sync_on_step:
-        return None, False
+        return False, False
     idle = reads_are_free(counters)
     if not idle and is_compiling():
-        return None, False
-    defaults = _leave_out(metric)
-    return defaults, idle and defaults is not None
+        return False, False
+    return True, idle
 
 
 # --------------------------------------------------------------------------------------------------------------------

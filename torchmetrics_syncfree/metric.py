@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics.metric import Metric
-from torchmetrics.utilities.data import dim_zero_sum
+from torchmetrics.utilities.data import dim_zero_cat, dim_zero_sum
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import declares_setting, replaces, stock
@@ -76,7 +76,7 @@ def sync_context(
         should_sync=should_sync,
         distributed_available=distributed_available,
     )
-    if _deferred.STATE in self._defaults:  # else no counters, or idle ones that forward left out: nothing to report
+    if _deferred.STATE in self._defaults:  # else no counters: nothing to report
         try:
             _deferred.report_pending(self)
         except BaseException:
@@ -140,12 +140,11 @@ def _wrap_update(self: Any, update: Callable) -> Callable:
 @replaces(f"{_METRIC}.reset", params=("self",))
 def reset(self: Any) -> None:
     """Stock's ``reset``, after taking what the checks have pending; reported once the states are reset."""
-    if _deferred.STATE not in self._defaults:
-        # no counters, or idle ones that forward left out (they keep what they hold): stock's reset
+    if _deferred.STATE not in self._defaults:  # no counters: stock's reset
         _reset_states(self)
         return
     if _deferred.is_held(self):
-        # a wrapper's internal reset: the counters keep what they hold for the next eager point (``_deferred.held``)
+        # a wrapper's or forward's internal reset: the counters keep what they hold for the next eager point
         _reset_states(self, keep=_deferred.STATE)
         return
     pending = _deferred.take_pending(self)
@@ -260,15 +259,8 @@ def _filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
 @replaces(f"{_METRIC}._forward_full_state_update", params=("self", "args", "kwargs"))
 def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's two-update forward, marked as inside ``forward`` from its start and restored if anything raises."""
-    defaults = _deferred.leave_out_idle_counters(self)
-    try:
-        return _full_state_forward(self, defaults is not None, args, kwargs)
-    finally:
-        if defaults is not None:
-            self.__dict__["_defaults"] = defaults
-
-
-def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    hold, idle = _deferred.forward_holds_counters(self)
+    idle = hold and idle
     compute_on_cpu = self.compute_on_cpu
     update_count = self._update_count
     # forward from here on (stock clears it just before the batch update): the checks read nothing until the end
@@ -282,7 +274,12 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
     update_count = self._update_count
     self._to_sync = self.dist_sync_on_step
     self.compute_on_cpu = False
+    # copied as stock: the update above may have written states that a compute group shares, and so may the group's
+    # other members, whose ``forward`` a collection can run inside this one's batch compute
     cache = self._copy_state_dict()
+    if idle:  # idle counters stay where they are, out of the state work
+        del cache[_deferred.STATE]
+        _deferred.hold(self)
     try:
         # reset, update, compute on the batch alone
         self._enable_grad = True
@@ -300,62 +297,80 @@ def _full_state_forward(self: Any, idle: bool, args: tuple[Any, ...], kwargs: di
             setattr(self, attr, value)
         self._update_count = update_count
         _restore_after_forward(self, compute_on_cpu)
+        if idle:
+            _deferred.release(self)
     if not idle:  # idle counters have nothing to report
         _deferred.sweep(self)
     return batch_value
 
 
-def _held_states(self: Any) -> dict[str, Any]:
-    """The reduce-state ``forward``'s hold of the accumulated states while it computes the batch alone.
+def _held_states(self: Any, leave: str | None) -> dict[str, Any] | None:
+    """The one-update ``forward``'s hold of the accumulated states while it computes the batch alone.
 
-    Stock copies every state (a clone, one kernel launch each) before its ``reset()``. But ``Metric.reset`` installs
-    new tensors rather than writing the old ones, the batch's update writes those, and the reduction makes new ones:
-    nothing in ``forward`` writes the accumulated tensors, so holding them is enough (a metric in a compute group
-    shares them with its group, and they stay as the group sees them). Copied as stock: list states (``reset()``
-    clears the list in place) and the states of a class with its own ``reset``, ``__setattr__`` or state copy.
+    Stock copies every state (a clone per tensor, one kernel launch each, and per tensor of a list) before its
+    ``reset()``. But ``Metric.reset`` installs new tensors rather than writing the old ones and clears a list in
+    place, the batch's update writes the new ones, and the reduction makes new ones: nothing in this ``forward`` writes
+    the accumulated tensors, so holding them (a list's elements in a new list) is enough (a metric in a compute group
+    shares them with its group, and they stay as the group sees them). ``leave``: a state not held (the check
+    counters, which ``forward`` holds where they are). ``None`` (copy as stock) for a class with its own ``reset``,
+    ``__setattr__``, state copy or reduction, and for a state that :func:`_reduce_held` does not reduce.
     """
     cls = type(self)
-    if not (_plain_setattr(self) and cls.reset is Metric.reset and cls._copy_state_dict is Metric._copy_state_dict):
-        return self._copy_state_dict()
+    if not (
+        _plain_setattr(self)
+        and cls.reset is Metric.reset
+        and cls._copy_state_dict is Metric._copy_state_dict
+        and cls._reduce_states is Metric._reduce_states
+    ):
+        return None
+    reductions = self._reductions
     held: dict[str, Any] = {}
     for attr in self._defaults:
+        if attr == leave:
+            continue
         value = getattr(self, attr)
-        if not isinstance(value, Tensor):
-            return self._copy_state_dict()
-        held[attr] = value.detach() if value.requires_grad else value
+        if isinstance(value, Tensor):
+            if reductions[attr] is not dim_zero_sum:
+                return None
+            held[attr] = value.detach() if value.requires_grad else value
+        elif reductions[attr] in (dim_zero_cat, None):  # stock concatenates a list for either
+            held[attr] = [element.detach() if element.requires_grad else element for element in value]
+        else:
+            return None
     return held
 
 
 def _reduce_held(self: Any, global_state: dict[str, Any]) -> None:
-    """Stock's ``_reduce_states`` without grad; sums of tensor states in one multi-tensor add (one launch on CUDA).
+    """Stock's ``_reduce_states`` of the states :func:`_held_states` holds, without grad.
 
-    The summed states are new tensors, as stock's ``global + local``, written where ``setattr`` would write them.
+    The sums of tensor states in one multi-tensor add (one launch on CUDA), list states concatenated as stock
+    concatenates them; new tensors and lists, as stock's ``global + local``, written where ``setattr`` would write them.
     """
-    reductions = self._reductions
-    if not (
-        _plain_setattr(self)
-        and type(self)._reduce_states is Metric._reduce_states
-        and all(reductions[attr] is dim_zero_sum and isinstance(value, Tensor) for attr, value in global_state.items())
-        and len(global_state) == len(self._defaults)
-    ):
-        with torch.no_grad():
-            self._reduce_states(global_state)
-        return
     flags = self.__dict__
-    names = list(global_state)
-    with torch.no_grad():
-        totals = torch._foreach_add([global_state[name] for name in names], [getattr(self, name) for name in names])
-    for name, total in zip(names, totals):
-        _write(self, flags, name, total)
+    sums = [name for name, value in global_state.items() if isinstance(value, Tensor)]
+    if sums:
+        with torch.no_grad():
+            totals = torch._foreach_add([global_state[name] for name in sums], [getattr(self, name) for name in sums])
+        for name, total in zip(sums, totals):
+            _write(self, flags, name, total)
+    for name, value in global_state.items():
+        if not isinstance(value, Tensor):
+            _write(self, flags, name, value + getattr(self, name))
 
 
 @replaces(f"{_METRIC}._forward_reduce_state_update", params=("self", "args", "kwargs"))
 def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's one-update forward; the global state comes back if anything raises (stock loses it)."""
+    hold, idle = _deferred.forward_holds_counters(self)
+    held = _held_states(self, _deferred.STATE if hold else None)
+    if held is None:
+        global_state, hold, idle = self._copy_state_dict(), False, False
+    else:
+        global_state = held
     # one function, no context manager: every Python call here is host time of every forward
-    defaults, idle = _deferred.leave_out_counters(self)
+    if hold:
+        _deferred.hold(self)
     try:
-        global_state = _held_states(self)
         flags = _flags_of(self)  # plain attributes of the instance (see ``_restore_after_forward``)
         update_count = self._update_count
         compute_on_cpu = self.compute_on_cpu
@@ -374,15 +389,19 @@ def _forward_reduce_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
             _restore_after_forward(self, compute_on_cpu)
             raise
         flags["_update_count"] = update_count + 1
-        if defaults is None:
+        if not hold:
             counters = _deferred.counters_of(self)
             if counters is not None and _deferred.STATE not in global_state:  # a metric made before the patch
                 global_state[_deferred.STATE] = torch.zeros_like(counters)
-        _reduce_held(self, global_state)
+        if held is None:
+            with torch.no_grad():
+                self._reduce_states(global_state)
+        else:
+            _reduce_held(self, global_state)
         _restore_after_forward(self, compute_on_cpu)
     finally:
-        if defaults is not None:
-            self.__dict__["_defaults"] = defaults
+        if hold:
+            _deferred.release(self)
     if not idle:  # (idle counters have nothing to report)
         _deferred.sweep(self)
     return batch_value
