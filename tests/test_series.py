@@ -58,10 +58,16 @@ def checkout(snapshot: Path, tmp_path: Path) -> Iterator[Path]:
 
 
 def test_patch_files_are_named_and_complete():
-    """Every patch: NNNN-short-name.patch, a subject, a source change, upstream tests and a CHANGELOG line."""
-    patches = series.patch_files()
-    assert [p.name[:4] for p in patches] == [f"{i:04d}" for i in range(1, len(patches) + 1)]
-    for patch in patches:
+    """Every pull request: a described folder of NNNN-short-name.patch files, each with a subject, a source change,
+    upstream tests and a CHANGELOG line."""
+    prs = series.pull_requests()
+    assert len(prs) >= 3
+    for pr in prs:
+        assert [p.name[:4] for p in pr.patches] == [f"{i:04d}" for i in range(1, len(pr.patches) + 1)], pr.name
+        description = pr.description.read_text()
+        for section in ("## What was wrong", "## What changes", "## Behaviour", "## How it was tested"):
+            assert section in description, (pr.name, section)
+    for patch in series.patch_files():
         text = patch.read_text()
         touched = [line.split(" b/", 1)[1] for line in text.splitlines() if line.startswith("diff --git ")]
         assert "\nSubject: [PATCH" in text, patch.name
@@ -72,6 +78,39 @@ def test_patch_files_are_named_and_complete():
         stray = [p for p in touched if not p.startswith(("src/", "tests/unittests/", "docs/source/", "CHANGELOG.md"))]
         assert not stray, (patch.name, stray)
         assert "GIT binary patch" not in text, patch.name
+
+
+def test_pull_requests_name_what_they_need(tmp_path: Path):
+    """A folder without a description, or one that needs a pull request that does not come before it, is refused."""
+    folder = tmp_path / "01-first"
+    folder.mkdir()
+    (folder / "0001-a.patch").write_text("")
+    with pytest.raises(series.SeriesError, match=r"no README\.md"):
+        series.pull_requests(tmp_path)
+    (folder / "README.md").write_text("# First\n\nNeeds: 02-second\n")
+    with pytest.raises(series.SeriesError, match="needs \\['02-second'\\]: not a pull request before it"):
+        series.pull_requests(tmp_path)
+    (folder / "README.md").write_text("# First\n\nNeeds: none\n")
+    second = tmp_path / "02-second"
+    second.mkdir()
+    (second / "0001-b.patch").write_text("")
+    (second / "README.md").write_text("# Second\n\nNeeds: 01-first\n")
+    first, then = series.pull_requests(tmp_path)
+    assert (first.needs, then.needs) == ((), ("01-first",))
+    assert series.with_needs(then, tmp_path) == ["01-first", "02-second"]
+    (tmp_path / "0001-loose.patch").write_text("")
+    with pytest.raises(series.SeriesError, match="belong in a pull request's folder"):
+        series.pull_requests(tmp_path)
+
+
+@needs_snapshots
+def test_each_pull_request_applies_on_exactly_the_ones_it_names(checkout: Path):
+    """A pull request that needs none applies to the unpatched tree alone; the others on exactly what they name."""
+    standalone = [pr for pr in series.pull_requests() if not pr.needs]
+    assert len(standalone) >= 2
+    for pr in series.pull_requests():
+        commits = series.apply(checkout, check=True, names=series.with_needs(pr))
+        assert len(commits) == len(series.patch_files(names=series.with_needs(pr))), pr.name
 
 
 def test_short_names_cut_at_a_word():
@@ -177,7 +216,9 @@ def test_a_hunk_that_does_not_apply_names_patch_and_file_and_rolls_back(checkout
         series.apply(checkout, check=check)
     message = str(err.value)
     first_to_touch_it = next(
-        patch.name for patch in series.patch_files() if "a/src/torchmetrics/aggregation.py" in patch.read_text()
+        f"{patch.parent.name}/{patch.name}"
+        for patch in series.patch_files()
+        if "a/src/torchmetrics/aggregation.py" in patch.read_text()
     )
     assert message.startswith(first_to_touch_it) and "src/torchmetrics/aggregation.py (hunk at line" in message
     assert "nothing was applied" in message
@@ -214,8 +255,9 @@ def test_make_regenerates_the_same_series(checkout: Path, tmp_path: Path, snapsh
         pytest.skip("the series is made against master; on other trees the blob ids of CHANGELOG.md differ")
     series.apply(checkout)
     out = tmp_path / "made"
+    shutil.copytree(series.SERIES_DIR, out)
     made = series.make(checkout, "upstream", "HEAD", out)
-    assert [p.name for p in made] == [p.name for p in series.patch_files()]
+    assert [p.relative_to(out) for p in made] == [p.relative_to(series.SERIES_DIR) for p in series.patch_files()]
     for new, old in zip(made, series.patch_files()):
         assert new.read_text() == old.read_text(), new.name
 
@@ -329,3 +371,46 @@ def test_stock_runs_only_the_tests_the_patched_tree_did_not_pass(tmp_path: Path)
         "missing on the patched tree: tests.unittests.test_x.TestC::test_h",
     ]
     assert stock.summary() == "1 passed, 0 skipped, 0 failed, 3 collected"
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    _upstream.git("add", "-A", cwd=repo)
+    _upstream.git(*_upstream.GIT_IDENTITY, "commit", "-qm", message, cwd=repo)
+    return _upstream.git("rev-parse", "HEAD", cwd=repo).stdout.strip()
+
+
+def test_hoist_moves_a_change_to_the_front_and_keeps_the_final_tree(tmp_path: Path):
+    """A stack commit moved to the front is dropped from the stack; the stack's final tree keeps its code, the
+    pull requests' entries replace the moved commit's, and a change cut out of the stack is merged into every commit.
+    """
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _upstream.git("init", "-q", cwd=repo)
+    changelog = "## Unreleased\n\n### Added\n\n-\n\n\n### Changed\n\n-\n\n\n### Fixed\n\n-\n"
+    code = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(8))
+    base = _commit(repo, {"CHANGELOG.md": changelog, "a.py": code}, "base")
+    _upstream.git("tag", "upstream", cwd=repo)
+    first = _commit(repo, {"a.py": code.replace("return 1\n", "return 10\n")}, "first")
+    _commit(repo, {"CHANGELOG.md": changelog.replace("### Changed\n\n-", "### Changed\n\n- first")}, "first entry")
+    stack_tip = _commit(
+        repo, {"a.py": code.replace("return 1\n", "return 10\n").replace("return 6\n", "return 60\n")}, "second"
+    )
+    _upstream.git("branch", "stack", cwd=repo)
+    _upstream.git("checkout", "-q", "-b", "prs", base, cwd=repo)
+    moved_entry = changelog.replace("-\n\n\n### Changed", "-\n\n\n- Added first\n\n\n### Changed")
+    moved = _commit(repo, {"a.py": code.replace("return 1\n", "return 10\n"), "CHANGELOG.md": moved_entry}, "PR 1")
+    cut = _commit(
+        repo, {"b.py": "x = 1\n", "CHANGELOG.md": moved_entry.replace("### Fixed\n\n-", "### Fixed\n\n- b")}, "PR 2"
+    )
+    dropped = series.hoist(repo, "upstream", "stack", [(moved, first), (cut, None)], "hoisted")
+    assert [line.split(" ", 1)[1] for line in dropped] == ["first"]
+    log = _upstream.git("log", "--format=%s", "upstream..hoisted", cwd=repo).stdout.split("\n")
+    assert [line for line in log if line] == ["second", "first entry", "PR 2", "PR 1"]
+    final = lambda path: _upstream.git("show", f"hoisted:{path}", cwd=repo).stdout  # noqa: E731
+    assert final("a.py") == _upstream.git("show", f"{stack_tip}:a.py", cwd=repo).stdout
+    assert final("b.py") == "x = 1\n"
+    assert "- Added first" in final("CHANGELOG.md") and "- b" in final("CHANGELOG.md")

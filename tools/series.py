@@ -2,11 +2,18 @@
 
 Commands::
 
-    python tools/series.py apply CHECKOUT [--check]     # git am the series; --check: dry run in a scratch worktree
+    python tools/series.py apply CHECKOUT [--check] [--pr NN-name]   # git am the series (or a pull request and the
+                                                        # ones it names); --check: dry run in a scratch worktree
     python tools/series.py checkout DIR                 # snapshot -> DIR, tag `upstream`, branch `syncfree` = series
     python tools/series.py make CHECKOUT [--base upstream] [--head HEAD]   # git format-patch -> patches/
-    python tools/series.py test [--archive A ...] [--heavy subset]   # `tox -e upstream` (CI: --heavy subset)
+    python tools/series.py test [--archive A ...] [--heavy subset]   # `tox -e upstream` (CI: --heavy subset); also
+                                                        # each pull request on exactly the ones it names
     python tools/series.py baseline [--archive A]       # record the unpatched outcomes of the heavy suites
+    python tools/series.py hoist CHECKOUT --pr SHA[:STACK_SHA] ... --branch B   # re-make the stack behind new PRs
+
+``patches/`` holds one folder per pull request, ``NN-short-name/``: its ``git format-patch`` files and its description
+(``README.md``, whose ``Needs:`` line names the pull requests it applies on, or ``none``). The whole series is every
+folder's patches in the folders' order.
 
 ``apply`` never leaves a checkout half-patched: when a patch does not apply, it names the patch and the file (and
 line) that failed, runs ``git am --abort`` and so restores the checkout's HEAD, index and work tree.
@@ -50,6 +57,7 @@ from _upstream import (
 
 SERIES_DIR = REPO / "patches"
 _PATCH_NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9._-]*\.patch$")
+_PR_NAME = re.compile(r"^\d{2}-[a-z0-9][a-z0-9-]*$")
 
 #: upstream tests that always run (relative to the tree's tests/), and the ones each touched source path adds
 ALWAYS_TESTS = ("unittests/bases/test_aggregation.py", "unittests/utilities/", "unittests/bases/test_ddp.py")
@@ -434,15 +442,75 @@ class SeriesError(RuntimeError):
     """The series cannot be applied, made or tested; the message says why."""
 
 
-def patch_files(series: Path = SERIES_DIR) -> list[Path]:
-    """The series in ``git am`` order; every file in ``series`` must be named ``NNNN-short-name.patch``."""
-    files = sorted(p for p in series.iterdir() if p.suffix == ".patch") if series.is_dir() else []
-    bad = [p.name for p in files if not _PATCH_NAME.match(p.name)]
+@dataclass(frozen=True)
+class PullRequest:
+    """One folder of ``patches/``: a pull request's ``git format-patch`` files and its description (``README.md``).
+
+    ``needs``: the folders it applies on (its ``Needs:`` line; ``none`` for a pull request that applies to upstream
+    alone). The whole series is every folder's patches in the folders' order.
+    """
+
+    name: str
+    path: Path
+    patches: tuple[Path, ...]
+    needs: tuple[str, ...]
+
+    @property
+    def description(self) -> Path:
+        """The pull request's description, what a maintainer reads first."""
+        return self.path / "README.md"
+
+
+def _needs(description: Path) -> tuple[str, ...]:
+    """The ``Needs:`` line of a pull request's description: folder names, or ``none``."""
+    line = next((line for line in description.read_text().splitlines() if line.startswith("Needs:")), None)
+    if line is None:
+        raise SeriesError(f"{description}: no 'Needs:' line (the folders it applies on, or 'none')")
+    names = [name.strip(" `.") for name in line.removeprefix("Needs:").split(",")]
+    return () if names == ["none"] else tuple(names)
+
+
+def pull_requests(series: Path = SERIES_DIR) -> list[PullRequest]:
+    """The pull requests of ``series`` in their order: folders ``NN-short-name`` of ``NNNN-short-name.patch`` files."""
+    folders = sorted(p for p in series.iterdir() if p.is_dir()) if series.is_dir() else []
+    bad = [p.name for p in folders if not _PR_NAME.match(p.name)]
     if bad:
-        raise SeriesError(f"{series}: patch files must be named NNNN-short-name.patch, not {bad}")
-    if not files:
-        raise SeriesError(f"no patches in {series}")
-    return files
+        raise SeriesError(f"{series}: pull request folders must be named NN-short-name, not {bad}")
+    stray = [p.name for p in series.glob("*.patch")] if series.is_dir() else []
+    if stray:
+        raise SeriesError(f"{series}: patches belong in a pull request's folder, not {stray}")
+    prs: list[PullRequest] = []
+    for folder in folders:
+        files = sorted(p for p in folder.iterdir() if p.suffix == ".patch")
+        bad = [p.name for p in files if not _PATCH_NAME.match(p.name)]
+        if bad:
+            raise SeriesError(f"{folder}: patch files must be named NNNN-short-name.patch, not {bad}")
+        if not files:
+            raise SeriesError(f"no patches in {folder}")
+        if not (folder / "README.md").is_file():
+            raise SeriesError(f"{folder}: no README.md (the pull request's description)")
+        needs = _needs(folder / "README.md")
+        unknown = [name for name in needs if name not in {pr.name for pr in prs}]
+        if unknown:
+            raise SeriesError(f"{folder.name} needs {unknown}: not a pull request before it")
+        prs.append(PullRequest(folder.name, folder, tuple(files), needs))
+    if not prs:
+        raise SeriesError(f"no pull requests in {series}")
+    return prs
+
+
+def patch_files(series: Path = SERIES_DIR, names: Sequence[str] | None = None) -> list[Path]:
+    """The patches in ``git am`` order: of every pull request, or of those ``names`` (in the series' order)."""
+    prs = pull_requests(series)
+    unknown = sorted(set(names or ()) - {pr.name for pr in prs})
+    if unknown:
+        raise SeriesError(f"no pull request {unknown} in {series}")
+    return [patch for pr in prs if names is None or pr.name in names for patch in pr.patches]
+
+
+def with_needs(pr: PullRequest, series: Path = SERIES_DIR) -> list[str]:
+    """``pr`` and the pull requests it applies on, in the series' order."""
+    return [p.name for p in pull_requests(series) if p.name in pr.needs or p.name == pr.name]
 
 
 # ----------------------------------------------------------------------------------------------------------- apply
@@ -470,7 +538,8 @@ def _ensure_ready(top: Path) -> None:
 def _failure(output: str, patches: Sequence[Path]) -> str:
     """Which patch failed and where, from git am's output."""
     number = re.search(r"Patch failed at (\d+)", output)
-    name = patches[int(number.group(1)) - 1].name if number else "the series"
+    patch = patches[int(number.group(1)) - 1] if number else None
+    name = f"{patch.parent.name}/{patch.name}" if patch else "the series"
     places = [f"{path} (hunk at line {line})" for path, line in re.findall(r"error: patch failed: (\S+):(\d+)", output)]
     reasons = r"does not exist in index|already exists in \w+"
     places += [f"{path} ({why})" for path, why in re.findall(rf"error: (\S+): ({reasons})", output)]
@@ -495,9 +564,14 @@ def _git_am(top: Path, patches: Sequence[Path]) -> list[str]:
     return git("log", "--reverse", "--format=%h %s", f"{before}..HEAD", cwd=top).stdout.splitlines()
 
 
-def apply(checkout: Path, series: Path = SERIES_DIR, check: bool = False) -> list[str]:
-    """``git am`` the series onto ``checkout``; with ``check`` only in a scratch worktree. Returns the new commits."""
-    patches = patch_files(series)
+def apply(
+    checkout: Path, series: Path = SERIES_DIR, check: bool = False, names: Sequence[str] | None = None
+) -> list[str]:
+    """``git am`` the series, or the pull requests ``names``, onto ``checkout``; returns the new commits.
+
+    With ``check``: only in a scratch worktree.
+    """
+    patches = patch_files(series, names)
     top = _toplevel(checkout)
     _ensure_ready(top)
     recent = set(git("log", "-n", "500", "--format=%s", cwd=top).stdout.splitlines())
@@ -533,6 +607,120 @@ def checkout(dest: Path, archive: Path, series: Path = SERIES_DIR) -> list[str]:
     return apply(dest, series)
 
 
+def _added_lines(top: Path, commit: str) -> dict[str, list[str]]:
+    """The lines a commit adds, per file."""
+    added: dict[str, list[str]] = {}
+    path = ""
+    for line in git("diff", f"{commit}~1", commit, cwd=top).stdout.splitlines():
+        if line.startswith("+++ "):
+            path = line.removeprefix("+++ b/")
+        elif line.startswith("+"):
+            added.setdefault(path, []).append(line[1:])
+    return added
+
+
+def _without_entries(changelog: str, entries: set[str]) -> str:
+    """``changelog`` without the lines ``entries`` and the two blank lines that follow each."""
+    kept: list[str] = []
+    skip = 0
+    for line in changelog.split("\n"):
+        if skip and not line:
+            skip -= 1
+            continue
+        skip = 0
+        if line in entries:
+            skip = 2
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def hoist(checkout: Path, base: str, stack: str, prs: Sequence[tuple[str, str | None]], branch: str) -> list[str]:
+    """Re-make the commits ``base..stack`` on top of pull requests that move to the front; returns what was dropped.
+
+    ``prs``: commits on ``base`` (each on the ones before it), with the stack commit each one *is* (the same change,
+    moved to the front) or ``None`` (a change cut out of the stack, re-made for upstream as it is). Each stack commit
+    is re-made with every pull request it does not hold yet cherry-picked into it; a hunk that conflicts keeps the
+    stack commit's version, and a line of the pull request that is then missing stops the run (resolve that commit by
+    hand). From a pull request's own stack commit on, only its CHANGELOG entry is added, and that commit's own entry is
+    removed. A commit whose tree is its new parent's is dropped. The result is branch ``branch``; compare its tree with
+    ``stack``'s before using it (only the pull requests' additions may differ).
+    """
+    top = _toplevel(checkout)
+    commits = git("rev-list", "--reverse", f"{base}..{stack}", cwd=top).stdout.split()
+    resolved = [(git("rev-parse", pr, cwd=top).stdout.strip(), origin) for pr, origin in prs]
+    origins = [commits.index(git("rev-parse", o, cwd=top).stdout.strip()) if o else len(commits) for _, o in prs]
+    moved = {
+        line for i in origins if i < len(commits) for line in _added_lines(top, commits[i]).get("CHANGELOG.md", [])
+    }
+    moved = {line for line in moved if line.startswith("- ")}
+    dropped: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="series-hoist-") as tmp:
+        work = Path(tmp) / "worktree"
+        git("worktree", "add", "-q", "--detach", str(work), base, cwd=top)
+        try:
+            parent = resolved[-1][0]
+            parent_tree = git("rev-parse", f"{parent}^{{tree}}", cwd=top).stdout.strip()
+            for index, commit in enumerate(commits):
+                git("checkout", "-q", "--detach", "-f", commit, cwd=work)
+                for (pr, _), origin in zip(resolved, origins):
+                    if index >= origin:  # the commit holds the change: only the pull request's own entry
+                        entry = git("diff", f"{pr}~1", pr, "--", "CHANGELOG.md", cwd=top).stdout
+                        if entry:
+                            subprocess.run(
+                                ["git", "apply", "--3way", "-"],
+                                cwd=work,
+                                input=entry,
+                                text=True,
+                                capture_output=True,
+                                check=True,
+                            )
+                        continue
+                    result = git("cherry-pick", "--no-commit", "-X", "ours", pr, cwd=work, check=False)
+                    if result.returncode:
+                        raise SeriesError(f"{commit[:7]}: cherry-pick of {pr[:7]} failed:\n{result.stdout}")
+                    for path, lines in _added_lines(top, pr).items():
+                        have = set((work / path).read_text().splitlines())
+                        lost = [line for line in lines if line not in have]
+                        if lost:
+                            raise SeriesError(f"{commit[:7]} {path}: {len(lost)} line(s) of {pr[:7]} lost: {lost[:2]}")
+                changelog = work / "CHANGELOG.md"
+                changelog.write_text(_without_entries(changelog.read_text(), moved))
+                git("add", "-A", cwd=work)
+                tree = git("write-tree", cwd=work).stdout.strip()
+                title = git("log", "-1", "--format=%s", commit, cwd=top).stdout.strip()
+                if tree == parent_tree:
+                    dropped.append(f"{commit[:7]} {title}")
+                    continue
+                fields = "%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd"
+                info = git("log", "-1", f"--format={fields}", "--date=raw", commit, cwd=top).stdout.rstrip("\n")
+                keys = (
+                    "AUTHOR_NAME",
+                    "AUTHOR_EMAIL",
+                    "AUTHOR_DATE",
+                    "COMMITTER_NAME",
+                    "COMMITTER_EMAIL",
+                    "COMMITTER_DATE",
+                )
+                env = dict(os.environ, **{f"GIT_{k}": v for k, v in zip(keys, info.split("\x00"))})
+                message = git("log", "-1", "--format=%B", commit, cwd=top).stdout
+                made = subprocess.run(
+                    ["git", "commit-tree", tree, "-p", parent],
+                    cwd=top,
+                    env=env,
+                    input=message,
+                    text=True,
+                    capture_output=True,
+                    check=True,
+                )
+                parent, parent_tree = made.stdout.strip(), tree
+            git("branch", "-f", branch, parent, cwd=top)
+        finally:
+            git("cherry-pick", "--quit", cwd=work, check=False)
+            git("worktree", "remove", "--force", str(work), cwd=top, check=False)
+    return dropped
+
+
 def short_name(subject: str, limit: int = 40) -> str:
     """``Aggregation: check `nan` on the device`` -> ``aggregation-check-nan-on-the-device``, cut at a word."""
     words = re.sub(r"[^a-z0-9]+", " ", subject.lower()).split()
@@ -545,21 +733,51 @@ def short_name(subject: str, limit: int = 40) -> str:
 
 
 def make(checkout: Path, base: str, head: str, series: Path = SERIES_DIR) -> list[Path]:
-    """Regenerate ``series`` from the commits ``base..head`` of an upstream checkout (``git format-patch``)."""
+    """Regenerate ``series`` from the commits ``base..head`` of an upstream checkout (``git format-patch``).
+
+    Each commit goes to the pull request whose folder has a patch with its subject; a commit with a new subject goes
+    to the pull request of the commit before it (a pull request that starts with a new commit: make its folder, with
+    its description, and a first patch of that subject by hand). Each folder is one ``git format-patch`` run, so its
+    patches are numbered as the pull request's own series.
+    """
     top = _toplevel(checkout)
-    count = int(git("rev-list", "--count", f"{base}..{head}", cwd=top).stdout)
-    if not count:
+    subjects = git("log", "--reverse", "--format=%s", f"{base}..{head}", cwd=top).stdout.splitlines()
+    commits = git("rev-list", "--reverse", f"{base}..{head}", cwd=top).stdout.split()
+    if not commits:
         raise SeriesError(f"no commits in {base}..{head} of {top}")
+    prs = pull_requests(series)
+    folder_of = {subject(patch): pr for pr in prs for patch in pr.patches}
+    assigned: list[PullRequest] = []
+    for sha, title in zip(commits, subjects):
+        pr = folder_of.get(title) or (assigned[-1] if assigned else None)
+        if pr is None:
+            raise SeriesError(f"{sha[:7]} {title!r}: no pull request has this subject; make its folder first")
+        if assigned and prs.index(pr) < prs.index(assigned[-1]):
+            raise SeriesError(f"{sha[:7]} {title!r} belongs to {pr.name}, after a commit of {assigned[-1].name}")
+        assigned.append(pr)
     with tempfile.TemporaryDirectory(prefix="series-make-") as tmp:
-        # --zero-commit and --no-signature: the files only change when the commits do
-        git("format-patch", "-q", "--zero-commit", "--no-signature", "-o", tmp, f"{base}..{head}", cwd=top)
-        made = sorted(Path(tmp).glob("*.patch"))
-        subjects = git("log", "--reverse", "--format=%s", f"{base}..{head}", cwd=top).stdout.splitlines()
-        series.mkdir(parents=True, exist_ok=True)
-        for old in series.glob("*.patch"):
-            old.unlink()
-        for number, (patch, subject) in enumerate(zip(made, subjects), start=1):
-            shutil.copy2(patch, series / f"{number:04d}-{short_name(subject)}.patch")
+        for pr in prs:
+            mine = [sha for sha, owner in zip(commits, assigned) if owner is pr]
+            if not mine:
+                raise SeriesError(f"{pr.name}: no commit of base..head is one of its patches")
+            out = Path(tmp) / pr.name
+            # --zero-commit and --no-signature: the files only change when the commits do
+            git(
+                "format-patch",
+                "-q",
+                "--zero-commit",
+                "--no-signature",
+                "-o",
+                str(out),
+                f"{mine[0]}~1..{mine[-1]}",
+                cwd=top,
+            )
+            for old in pr.patches:
+                old.unlink()
+            made = sorted(out.glob("*.patch"))
+            titles = [subjects[commits.index(sha)] for sha in mine]
+            for number, (patch, title) in enumerate(zip(made, titles), start=1):
+                shutil.copy2(patch, pr.path / f"{number:04d}-{short_name(title)}.patch")
     return patch_files(series)
 
 
@@ -1016,6 +1234,48 @@ def write_baseline(
     return path
 
 
+def check_pull_request(
+    pr: PullRequest, stock: Path, series: Path, tmp: Path, workers: int, ruff: str, heavy: str
+) -> tuple[list[str], list[tuple[str, str, str, str, float]]]:
+    """Apply ``pr`` on exactly the pull requests it names to the unpatched ``stock`` checkout and check it alone.
+
+    Upstream's tests of the modules the pull request itself touches, unpatched against patched (the heavy
+    classification suites as ``heavy`` says), and upstream's ruff on its files. Returns problems and summary rows.
+    """
+    names = with_needs(pr, series)
+    label = f"{pr.name}" + (f" (on {', '.join(pr.needs)})" if pr.needs else " (alone)")
+    print(f"\n=== {label}: {len(patch_files(series, names))} patches", flush=True)
+    patched = tmp / f"pr-{pr.name}"
+    git("worktree", "add", "-q", "--detach", str(patched), "upstream", cwd=stock)
+    problems: list[str] = []
+    rows: list[tuple[str, str, str, str, float]] = []
+    try:
+        needed = [name for name in names if name != pr.name]
+        if needed:
+            apply(patched, series, names=needed)
+        before_pr = git("rev-parse", "HEAD", cwd=patched).stdout.strip()
+        try:
+            apply(patched, series, names=[pr.name])
+        except SeriesError as err:
+            return [f"{pr.name}: {err}"], rows
+        touched = _touched(patched, before_pr)
+        paths = upstream_tests_for(touched, heavy=heavy != "none")
+        if heavy == "subset":
+            paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
+        report = tmp / f"pr-{pr.name}.xml"
+        after, seconds = _pytest(patched, paths, report, workers)
+        before, stock_seconds = _stock_outcomes(stock, paths, after, tmp / f"pr-{pr.name}-stock.xml", workers)
+        problems += [f"{pr.name}: {p}" for p in compare_outcomes(before, after)]
+        rows.append((label, "upstream tests", before.summary(), after.summary(), seconds + stock_seconds))
+        sources = [p for p in touched if p.endswith(".py")]
+        new_findings = _ruff_findings(patched, sources, ruff) - _ruff_findings(stock, sources, ruff)
+        problems += [f"{pr.name}: ruff {rule} in {path} ({n}x)" for (path, rule), n in sorted(new_findings.items())]
+        rows.append((label, f"ruff ({len(sources)} files)", "", "clean" if not new_findings else "NEW FINDINGS", 0))
+    finally:
+        git("worktree", "remove", "--force", str(patched), cwd=stock, check=False)
+    return problems, rows
+
+
 def check_series(
     archives: Sequence[Path],
     series: Path,
@@ -1093,6 +1353,12 @@ def check_series(
                     problems.append(f"{label}: the project's suites fail against the patched tree: {last}")
                 rows.append((label, "project suites (tree mode)", "", last, seconds))
             git("worktree", "remove", "--force", str(patched), cwd=stock, check=False)
+            if index == 0:  # each pull request on exactly the ones it names (the whole stack is checked above)
+                for pr in pull_requests(series):
+                    if len(with_needs(pr, series)) < len(pull_requests(series)):
+                        found, pr_rows = check_pull_request(pr, stock, series, Path(tmp), workers, ruff, heavy)
+                        problems += found
+                        rows += pr_rows
     print("\n=== per suite", *suites_text, sep="\n")
     print("\n=== summary")
     for label, what, before, after, seconds in rows:
@@ -1109,12 +1375,15 @@ def check_series(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--series", type=Path, default=SERIES_DIR, help="directory of NNNN-*.patch (default patches/)")
+    parser.add_argument(
+        "--series", type=Path, default=SERIES_DIR, help="folders of pull requests, NN-name/NNNN-*.patch (patches/)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     p_apply = commands.add_parser("apply", help="git am the series onto a TorchMetrics checkout")
     p_apply.add_argument("checkout", type=Path)
     p_apply.add_argument("--check", action="store_true", help="dry run in a scratch worktree; checkout untouched")
+    p_apply.add_argument("--pr", action="append", help="a pull request (folder name) and the ones it names; repeatable")
 
     p_checkout = commands.add_parser("checkout", help="make an upstream checkout with the series on branch syncfree")
     p_checkout.add_argument("dest", type=Path)
@@ -1124,6 +1393,18 @@ def main(argv: list[str] | None = None) -> int:
     p_make.add_argument("checkout", type=Path)
     p_make.add_argument("--base", default="upstream", help="the upstream commit the series applies to")
     p_make.add_argument("--head", default="HEAD")
+
+    p_hoist = commands.add_parser("hoist", help="re-make the stack on top of pull requests moved to its front")
+    p_hoist.add_argument("checkout", type=Path)
+    p_hoist.add_argument(
+        "--pr",
+        action="append",
+        required=True,
+        help="a pull request's commit on --base (each on the ones before); ':STACK_COMMIT': that commit, moved",
+    )
+    p_hoist.add_argument("--base", default="upstream")
+    p_hoist.add_argument("--stack", default="syncfree")
+    p_hoist.add_argument("--branch", required=True, help="the branch to write the re-made stack to")
 
     p_test = commands.add_parser("test", help="apply to each snapshot; upstream tests, ruff, project suites")
     p_test.add_argument("--archive", type=Path, action="append", help="snapshot(s); default: both in shared/upstream")
@@ -1161,7 +1442,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "apply":
-            commits = apply(args.checkout, args.series, check=args.check)
+            names = None
+            if args.pr:
+                chosen = {pr.name: pr for pr in pull_requests(args.series) if pr.name in args.pr}
+                wanted = {name for pr in chosen.values() for name in with_needs(pr, args.series)}
+                names = [pr.name for pr in pull_requests(args.series) if pr.name in wanted] or list(args.pr)
+            commits = apply(args.checkout, args.series, check=args.check, names=names)
             verb = "would apply cleanly" if args.check else "applied"
             print(f"{len(commits)} patch(es) {verb} to {args.checkout}:")
             print("\n".join(f"  {line}" for line in commits))
@@ -1172,6 +1458,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "baseline":
             path = record_baseline(args.archive, args.workers, missing_only=args.missing)
             print(f"{_shown(path)}: {json.loads(path.read_text())['summary']}")
+        elif args.command == "hoist":
+            prs = [(spec.partition(":")[0], spec.partition(":")[2] or None) for spec in args.pr]
+            dropped = hoist(args.checkout, args.base, args.stack, prs, args.branch)
+            print(f"branch {args.branch}: the stack re-made on {len(prs)} pull request(s)")
+            print("\n".join(f"  dropped (moved to the front whole) {line}" for line in dropped))
         elif args.command == "make":
             made = make(args.checkout, args.base, args.head, args.series)
             print("\n".join(str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in made))
