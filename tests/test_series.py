@@ -390,7 +390,7 @@ def test_hoist_moves_a_change_to_the_front_and_keeps_the_final_tree(tmp_path: Pa
     repo = tmp_path / "repo"
     repo.mkdir()
     _upstream.git("init", "-q", cwd=repo)
-    changelog = "## Unreleased\n\n### Added\n\n-\n\n\n### Changed\n\n-\n\n\n### Fixed\n\n-\n"
+    changelog = "## [Unreleased] - YYYY-MM-DD\n\n### Added\n\n-\n\n\n### Changed\n\n-\n\n\n### Fixed\n\n-\n\n\n---\n"
     code = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(8))
     base = _commit(repo, {"CHANGELOG.md": changelog, "a.py": code}, "base")
     _upstream.git("tag", "upstream", cwd=repo)
@@ -406,7 +406,9 @@ def test_hoist_moves_a_change_to_the_front_and_keeps_the_final_tree(tmp_path: Pa
     cut = _commit(
         repo, {"b.py": "x = 1\n", "CHANGELOG.md": moved_entry.replace("### Fixed\n\n-", "### Fixed\n\n- b")}, "PR 2"
     )
-    dropped = series.hoist(repo, "upstream", "stack", [(moved, first), (cut, None)], "hoisted")
+    dropped = series.hoist(
+        repo, "upstream", "stack", [series.Hoisted(moved, moved=first), series.Hoisted(cut)], "hoisted"
+    )
     assert [line.split(" ", 1)[1] for line in dropped] == ["first"]
     log = _upstream.git("log", "--format=%s", "upstream..hoisted", cwd=repo).stdout.split("\n")
     assert [line for line in log if line] == ["second", "first entry", "PR 2", "PR 1"]
@@ -414,3 +416,32 @@ def test_hoist_moves_a_change_to_the_front_and_keeps_the_final_tree(tmp_path: Pa
     assert final("a.py") == _upstream.git("show", f"{stack_tip}:a.py", cwd=repo).stdout
     assert final("b.py") == "x = 1\n"
     assert "- Added first" in final("CHANGELOG.md") and "- b" in final("CHANGELOG.md")
+
+
+def test_hoist_lets_an_owning_pull_request_absorb_the_commits_that_made_its_files(tmp_path: Path):
+    """Stack commits that only built what an owning pull request holds disappear, entries included."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _upstream.git("init", "-q", cwd=repo)
+    changelog = "## [Unreleased] - YYYY-MM-DD\n\n### Added\n\n-\n\n\n### Changed\n\n-\n\n\n---\n"
+    base = _commit(repo, {"CHANGELOG.md": changelog, "c.py": "v0\n", "d.py": "d0\n"}, "base")
+    _upstream.git("tag", "upstream", cwd=repo)
+    entry = changelog.replace("### Changed\n\n-", "### Changed\n\n- c1")
+    first = _commit(repo, {"c.py": "v1\n", "CHANGELOG.md": entry}, "c two paths")
+    entries = entry.replace("- c1\n", "- c1\n\n\n- c2\n")
+    second = _commit(repo, {"c.py": "v2\n", "CHANGELOG.md": entries}, "c one path")
+    _commit(repo, {"d.py": "d1\n", "CHANGELOG.md": entries.replace("- c2\n", "- c2\n\n\n- d\n")}, "d")
+    _upstream.git("branch", "stack", cwd=repo)
+    _upstream.git("checkout", "-q", "-b", "prs", base, cwd=repo)
+    owning = _commit(
+        repo, {"c.py": "v2\n", "CHANGELOG.md": changelog.replace("-\n\n\n---", "-\n\n\n- c\n\n\n---")}, "PR"
+    )
+    hoisted = series.Hoisted(owning, owns=True, absorbed=(first, second))
+    dropped = series.hoist(repo, "upstream", "stack", [hoisted], "hoisted")
+    assert [line.split(" ", 1)[1] for line in dropped] == ["c two paths", "c one path"]
+    final = _upstream.git("show", "hoisted:CHANGELOG.md", cwd=repo).stdout
+    assert "- c\n" in final and "- d\n" in final and "- c1" not in final and "- c2" not in final
+    assert _upstream.git("show", "hoisted:c.py", cwd=repo).stdout == "v2\n"
+    assert series._hoisted(f"{owning}:own={first}+{second}") == hoisted

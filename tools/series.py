@@ -9,7 +9,7 @@ Commands::
     python tools/series.py test [--archive A ...] [--heavy subset]   # `tox -e upstream` (CI: --heavy subset); also
                                                         # each pull request on exactly the ones it names
     python tools/series.py baseline [--archive A]       # record the unpatched outcomes of the heavy suites
-    python tools/series.py hoist CHECKOUT --pr SHA[:STACK_SHA] ... --branch B   # re-make the stack behind new PRs
+    python tools/series.py hoist CHECKOUT --pr SPEC ... --branch B   # re-make the stack behind pull requests
 
 ``patches/`` holds one folder per pull request, ``NN-short-name/``: its ``git format-patch`` files and its description
 (``README.md``, whose ``Needs:`` line names the pull requests it applies on, or ``none``). The whole series is every
@@ -619,73 +619,115 @@ def _added_lines(top: Path, commit: str) -> dict[str, list[str]]:
     return added
 
 
-def _without_entries(changelog: str, entries: set[str]) -> str:
-    """``changelog`` without the lines ``entries`` and the two blank lines that follow each."""
-    kept: list[str] = []
-    skip = 0
-    for line in changelog.split("\n"):
-        if skip and not line:
-            skip -= 1
-            continue
-        skip = 0
-        if line in entries:
-            skip = 2
-            continue
-        kept.append(line)
-    return "\n".join(kept)
+def _unreleased_entries(changelog: str) -> list[tuple[str, str]]:
+    """``(section, entry)`` of every ``- ...`` line under Unreleased, in order."""
+    entries: list[tuple[str, str]] = []
+    section = ""
+    lines = changelog.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("## [Unreleased]"))
+    for line in lines[start + 1 :]:
+        if line.startswith("## "):
+            break
+        if line.startswith("### "):
+            section = line
+        elif line.startswith("- "):
+            entries.append((section, line))
+    return entries
 
 
-def hoist(checkout: Path, base: str, stack: str, prs: Sequence[tuple[str, str | None]], branch: str) -> list[str]:
-    """Re-make the commits ``base..stack`` on top of pull requests that move to the front; returns what was dropped.
+def _with_entries(changelog: str, entries: Sequence[tuple[str, str]]) -> str:
+    """``changelog`` with ``entries`` appended to their Unreleased sections (each followed by two blank lines)."""
+    lines = changelog.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("## [Unreleased]"))
+    for section, entry in entries:
+        heading = lines.index(section, start)
+        end = next(i for i in range(heading + 1, len(lines)) if lines[i].startswith(("### ", "---", "## ")))
+        lines[end:end] = [entry, "", ""]
+    return "\n".join(lines)
 
-    ``prs``: commits on ``base`` (each on the ones before it), with the stack commit each one *is* (the same change,
-    moved to the front) or ``None`` (a change cut out of the stack, re-made for upstream as it is). Each stack commit
-    is re-made with every pull request it does not hold yet cherry-picked into it; a hunk that conflicts keeps the
-    stack commit's version, and a line of the pull request that is then missing stops the run (resolve that commit by
-    hand). From a pull request's own stack commit on, only its CHANGELOG entry is added, and that commit's own entry is
-    removed. A commit whose tree is its new parent's is dropped. The result is branch ``branch``; compare its tree with
-    ``stack``'s before using it (only the pull requests' additions may differ).
+
+@dataclass(frozen=True)
+class Hoisted:
+    """A pull request that :func:`hoist` puts in front of the stack.
+
+    ``commit``: its commit on the base (each on the ones before it). ``moved``: the stack commit it is (the same
+    change, moved to the front). ``owns``: its files are final: every stack commit takes them as the pull request has
+    them (the stack commits ``absorbed`` made those changes and nothing else, so they disappear with their entries).
+    Neither: a change cut out of the stack, merged into every stack commit.
+    """
+
+    commit: str
+    moved: str | None = None
+    owns: bool = False
+    absorbed: tuple[str, ...] = ()
+
+
+def _hoisted(spec: str) -> Hoisted:
+    """``SHA``, ``SHA:STACK_COMMIT`` or ``SHA:own[=STACK_COMMIT+...]`` (see :class:`Hoisted`)."""
+    commit, _, rest = spec.partition(":")
+    if rest.startswith("own"):
+        absorbed = rest.partition("=")[2]
+        return Hoisted(commit, owns=True, absorbed=tuple(filter(None, absorbed.split("+"))))
+    return Hoisted(commit, moved=rest or None)
+
+
+def hoist(checkout: Path, base: str, stack: str, prs: Sequence[Hoisted], branch: str) -> list[str]:
+    """Re-make the commits ``base..stack`` on top of pull requests put in front of them; returns what was dropped.
+
+    Each stack commit is re-made with every pull request it does not hold yet: a ``moved`` one cherry-picked into the
+    commits before its stack commit (the later ones hold it), a cut-out one into every commit (a conflicting hunk keeps
+    the stack commit's version, and a line of the pull request that is then missing stops the run: resolve that
+    commit by hand), an owning one by taking its files. The CHANGELOG of every re-made commit is the pull requests'
+    with the stack commit's own Unreleased entries appended to their sections (but the entries of moved and absorbed
+    commits). A commit whose tree is its new parent's is dropped. The result is branch ``branch``; compare its tree
+    with ``stack``'s before using it (only the pull requests' additions may differ).
     """
     top = _toplevel(checkout)
+
+    def rev(name: str) -> str:
+        return git("rev-parse", name, cwd=top).stdout.strip()
+
     commits = git("rev-list", "--reverse", f"{base}..{stack}", cwd=top).stdout.split()
-    resolved = [(git("rev-parse", pr, cwd=top).stdout.strip(), origin) for pr, origin in prs]
-    origins = [commits.index(git("rev-parse", o, cwd=top).stdout.strip()) if o else len(commits) for _, o in prs]
-    moved = {
-        line for i in origins if i < len(commits) for line in _added_lines(top, commits[i]).get("CHANGELOG.md", [])
-    }
-    moved = {line for line in moved if line.startswith("- ")}
+    index_of = {sha: i for i, sha in enumerate(commits)}
+    origins = [index_of[rev(pr.moved)] if pr.moved else len(commits) for pr in prs]
+    gone = {rev(pr.moved) for pr in prs if pr.moved} | {rev(c) for pr in prs for c in pr.absorbed}
+    gone_entries = {line for sha in gone for line in _added_lines(top, sha).get("CHANGELOG.md", [])}
+    tip = rev(prs[-1].commit)
+    tip_changelog = git("show", f"{tip}:CHANGELOG.md", cwd=top).stdout
+    known = {entry for _, entry in _unreleased_entries(git("show", f"{base}:CHANGELOG.md", cwd=top).stdout)}
+    known |= {entry for _, entry in _unreleased_entries(tip_changelog)}
     dropped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="series-hoist-") as tmp:
         work = Path(tmp) / "worktree"
         git("worktree", "add", "-q", "--detach", str(work), base, cwd=top)
         try:
-            parent = resolved[-1][0]
-            parent_tree = git("rev-parse", f"{parent}^{{tree}}", cwd=top).stdout.strip()
+            parent, parent_tree = tip, rev(f"{tip}^{{tree}}")
             for index, commit in enumerate(commits):
                 git("checkout", "-q", "--detach", "-f", commit, cwd=work)
-                for (pr, _), origin in zip(resolved, origins):
-                    if index >= origin:  # the commit holds the change: only the pull request's own entry
-                        entry = git("diff", f"{pr}~1", pr, "--", "CHANGELOG.md", cwd=top).stdout
-                        if entry:
-                            subprocess.run(
-                                ["git", "apply", "--3way", "-"],
-                                cwd=work,
-                                input=entry,
-                                text=True,
-                                capture_output=True,
-                                check=True,
-                            )
+                stack_changelog = (work / "CHANGELOG.md").read_text()
+                for pr, origin in zip(prs, origins):
+                    sha = rev(pr.commit)
+                    files = [f for f in git("diff", "--name-only", f"{sha}~1", sha, cwd=top).stdout.split()]
+                    files = [f for f in files if f != "CHANGELOG.md"]
+                    if pr.owns:
+                        git("checkout", sha, "--", *files, cwd=work)
                         continue
-                    result = git("cherry-pick", "--no-commit", "-X", "ours", pr, cwd=work, check=False)
+                    if index >= origin:
+                        continue
+                    result = git("cherry-pick", "--no-commit", "-X", "ours", sha, cwd=work, check=False)
                     if result.returncode:
-                        raise SeriesError(f"{commit[:7]}: cherry-pick of {pr[:7]} failed:\n{result.stdout}")
-                    for path, lines in _added_lines(top, pr).items():
+                        raise SeriesError(f"{commit[:7]}: cherry-pick of {sha[:7]} failed:\n{result.stdout}")
+                    for path, lines in _added_lines(top, sha).items():
+                        if path == "CHANGELOG.md":
+                            continue
                         have = set((work / path).read_text().splitlines())
                         lost = [line for line in lines if line not in have]
                         if lost:
-                            raise SeriesError(f"{commit[:7]} {path}: {len(lost)} line(s) of {pr[:7]} lost: {lost[:2]}")
-                changelog = work / "CHANGELOG.md"
-                changelog.write_text(_without_entries(changelog.read_text(), moved))
+                            raise SeriesError(f"{commit[:7]} {path}: {len(lost)} line(s) of {sha[:7]} lost: {lost[:2]}")
+                own = [
+                    (s, e) for s, e in _unreleased_entries(stack_changelog) if e not in known and e not in gone_entries
+                ]
+                (work / "CHANGELOG.md").write_text(_with_entries(tip_changelog, own))
                 git("add", "-A", cwd=work)
                 tree = git("write-tree", cwd=work).stdout.strip()
                 title = git("log", "-1", "--format=%s", commit, cwd=top).stdout.strip()
@@ -1400,7 +1442,8 @@ def main(argv: list[str] | None = None) -> int:
         "--pr",
         action="append",
         required=True,
-        help="a pull request's commit on --base (each on the ones before); ':STACK_COMMIT': that commit, moved",
+        help="a pull request's commit on --base (each on the ones before): SHA (cut out of the stack),"
+        " SHA:STACK_COMMIT (that commit, moved), SHA:own[=STACK_COMMIT+...] (its files are final; commits absorbed)",
     )
     p_hoist.add_argument("--base", default="upstream")
     p_hoist.add_argument("--stack", default="syncfree")
@@ -1459,10 +1502,10 @@ def main(argv: list[str] | None = None) -> int:
             path = record_baseline(args.archive, args.workers, missing_only=args.missing)
             print(f"{_shown(path)}: {json.loads(path.read_text())['summary']}")
         elif args.command == "hoist":
-            prs = [(spec.partition(":")[0], spec.partition(":")[2] or None) for spec in args.pr]
+            prs = [_hoisted(spec) for spec in args.pr]
             dropped = hoist(args.checkout, args.base, args.stack, prs, args.branch)
             print(f"branch {args.branch}: the stack re-made on {len(prs)} pull request(s)")
-            print("\n".join(f"  dropped (moved to the front whole) {line}" for line in dropped))
+            print("\n".join(f"  dropped (now in a pull request) {line}" for line in dropped))
         elif args.command == "make":
             made = make(args.checkout, args.base, args.head, args.series)
             print("\n".join(str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in made))
