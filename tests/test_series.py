@@ -160,10 +160,15 @@ def _help(command: str) -> str:
 
 
 @needs_snapshots
-def test_series_applies_and_matches_the_layer(checkout: Path):
-    """git am onto the snapshot, then every function the series changes is a layer target and vice versa."""
+def test_series_applies_and_matches_the_layer(checkout: Path, snapshot: Path):
+    """git am onto the snapshot, then every function the series changes is a layer target and vice versa.
+
+    On master with the CHANGELOG lines; on a release tag, whose Unreleased section differs, without them.
+    """
     commits = series.apply(checkout)
     assert len(commits) == len(series.patch_files())
+    changelog_changed = bool(_upstream.git("diff", "upstream", "HEAD", "--", "CHANGELOG.md", cwd=checkout).stdout)
+    assert changelog_changed == snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0]))
     stock = checkout.parent / "stock"
     _upstream.git("worktree", "add", "-q", "--detach", str(stock), "upstream", cwd=checkout)
     specs = _series_tree.series_specs()
@@ -373,6 +378,15 @@ def test_stock_runs_only_the_tests_the_patched_tree_did_not_pass(tmp_path: Path)
     assert stock.summary() == "1 passed, 0 skipped, 0 failed, 3 collected"
 
 
+def _repository(tmp_path: Path) -> Path:
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _upstream.git("init", "-q", cwd=repo)
+    return repo
+
+
 def _commit(repo: Path, files: dict[str, str], message: str) -> str:
     for name, text in files.items():
         (repo / name).write_text(text)
@@ -385,11 +399,7 @@ def test_hoist_moves_a_change_to_the_front_and_keeps_the_final_tree(tmp_path: Pa
     """A stack commit moved to the front is dropped from the stack; the stack's final tree keeps its code, the
     pull requests' entries replace the moved commit's, and a change cut out of the stack is merged into every commit.
     """
-    if shutil.which("git") is None:
-        pytest.skip("needs git")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _upstream.git("init", "-q", cwd=repo)
+    repo = _repository(tmp_path)
     changelog = "## [Unreleased] - YYYY-MM-DD\n\n### Added\n\n-\n\n\n### Changed\n\n-\n\n\n### Fixed\n\n-\n\n\n---\n"
     code = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(8))
     base = _commit(repo, {"CHANGELOG.md": changelog, "a.py": code}, "base")
@@ -420,11 +430,7 @@ def test_hoist_moves_a_change_to_the_front_and_keeps_the_final_tree(tmp_path: Pa
 
 def test_hoist_lets_an_owning_pull_request_absorb_the_commits_that_made_its_files(tmp_path: Path):
     """Stack commits that only built what an owning pull request holds disappear, entries included."""
-    if shutil.which("git") is None:
-        pytest.skip("needs git")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _upstream.git("init", "-q", cwd=repo)
+    repo = _repository(tmp_path)
     changelog = "## [Unreleased] - YYYY-MM-DD\n\n### Added\n\n-\n\n\n### Changed\n\n-\n\n\n---\n"
     base = _commit(repo, {"CHANGELOG.md": changelog, "c.py": "v0\n", "d.py": "d0\n"}, "base")
     _upstream.git("tag", "upstream", cwd=repo)

@@ -552,10 +552,11 @@ def subject(patch: Path) -> str:
     return re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(header.split()))
 
 
-def _git_am(top: Path, patches: Sequence[Path]) -> list[str]:
+def _git_am(top: Path, patches: Sequence[Path], changelog: bool = True) -> list[str]:
     before = git("rev-parse", "HEAD", cwd=top).stdout.strip()
     has_identity = git("config", "user.email", cwd=top, check=False).stdout.strip()
-    result = git(*(() if has_identity else GIT_IDENTITY), "am", *map(str, patches), cwd=top, check=False)
+    exclude = () if changelog else ("--exclude=CHANGELOG.md",)
+    result = git(*(() if has_identity else GIT_IDENTITY), "am", *exclude, *map(str, patches), cwd=top, check=False)
     if result.returncode:
         git("am", "--abort", cwd=top, check=False)
         after = git("rev-parse", "HEAD", cwd=top).stdout.strip()
@@ -564,12 +565,27 @@ def _git_am(top: Path, patches: Sequence[Path]) -> list[str]:
     return git("log", "--reverse", "--format=%h %s", f"{before}..HEAD", cwd=top).stdout.splitlines()
 
 
+def _changelog_matches(top: Path, patches: Sequence[Path]) -> bool:
+    """Whether ``top``'s CHANGELOG.md is the one the first of ``patches`` that changes it was made against.
+
+    The series is made against master; a release tag's CHANGELOG differs in its Unreleased section (``### Fixed``
+    holds master's entries there), so the series applies to it without its CHANGELOG lines.
+    """
+    for patch in patches:
+        found = re.search(r"^diff --git a/CHANGELOG.md b/CHANGELOG.md\nindex ([0-9a-f]+)\.\.", patch.read_text(), re.M)
+        if found:
+            blob = git("rev-parse", "HEAD:CHANGELOG.md", cwd=top, check=False).stdout.strip()
+            return blob.startswith(found.group(1))
+    return True
+
+
 def apply(
     checkout: Path, series: Path = SERIES_DIR, check: bool = False, names: Sequence[str] | None = None
 ) -> list[str]:
     """``git am`` the series, or the pull requests ``names``, onto ``checkout``; returns the new commits.
 
-    With ``check``: only in a scratch worktree.
+    With ``check``: only in a scratch worktree. On a tree whose CHANGELOG.md is not master's (a release tag), the
+    patches apply without their CHANGELOG lines (see :func:`_changelog_matches`), and it says so.
     """
     patches = patch_files(series, names)
     top = _toplevel(checkout)
@@ -578,13 +594,16 @@ def apply(
     applied = [p.name for p in patches if subject(p) in recent]
     if applied:
         raise SeriesError(f"{top} already has commits with the subjects of {applied}; nothing was applied")
+    changelog = _changelog_matches(top, patches)
+    if not changelog:
+        print(f"{top}: CHANGELOG.md left out (it is not the one the series was made against)", flush=True)
     if not check:
-        return _git_am(top, patches)
+        return _git_am(top, patches, changelog)
     with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
         scratch = Path(tmp) / "worktree"
         git("worktree", "add", "-q", "--detach", str(scratch), "HEAD", cwd=top)
         try:
-            return _git_am(scratch, patches)
+            return _git_am(scratch, patches, changelog)
         finally:
             git("worktree", "remove", "--force", str(scratch), cwd=top, check=False)
             git("worktree", "prune", cwd=top, check=False)
@@ -788,7 +807,10 @@ def make(checkout: Path, base: str, head: str, series: Path = SERIES_DIR) -> lis
     if not commits:
         raise SeriesError(f"no commits in {base}..{head} of {top}")
     prs = pull_requests(series)
-    folder_of = {subject(patch): pr for pr in prs for patch in pr.patches}
+    folder_of: dict[str, PullRequest] = {}
+    for pr in prs:  # a subject in two folders (a commit just moved to an earlier pull request): the earlier one
+        for patch in pr.patches:
+            folder_of.setdefault(subject(patch), pr)
     assigned: list[PullRequest] = []
     for sha, title in zip(commits, subjects):
         pr = folder_of.get(title) or (assigned[-1] if assigned else None)
