@@ -23,6 +23,7 @@ line) that failed, runs ``git am --abort`` and so restores the checkout's HEAD, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import email
 import hashlib
 import importlib.metadata
@@ -32,6 +33,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -899,6 +901,20 @@ def upstream_tests_for(touched: Sequence[str], heavy: bool) -> list[str]:
     return paths
 
 
+#: seconds one pytest run of upstream's tests may take before it is killed (the longest, the heavy suites, ~8 min)
+RUN_TIMEOUT = 1800
+#: the process groups of the pytest runs going on (killed with this process: see :func:`_stop_runs`)
+_running: set[int] = set()
+
+
+def _stop_runs(signum: int, frame: Any) -> None:
+    """On SIGTERM/SIGINT: kill the pytest runs (each in its own session, with its DDP pool) before exiting."""
+    for pgid in list(_running):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    raise SystemExit(128 + signum)
+
+
 #: lines of a failed pytest run's tracebacks that the log keeps (a failure that shows only in CI needs its reason)
 FAILURE_LINES = 200
 
@@ -976,11 +992,26 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
         prefix = ["USE_PYTEST_POOL=1"] if pool else []
         print("+", *prefix, " ".join(command), f"(in {tree / 'tests'})", flush=True)
         run_env = dict(env, USE_PYTEST_POOL="1") if pool else env
-        result = subprocess.run(
-            command, cwd=tree / "tests", env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        lines = result.stdout.decode(errors="replace").strip().splitlines()
-        print("\n".join("    " + line for line in _report_lines(lines, result.returncode)), flush=True)
+        # its own session, so that a run past RUN_TIMEOUT (a hung DDP pool) is killed with its workers
+        with subprocess.Popen(
+            command,
+            cwd=tree / "tests",
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        ) as process:
+            _running.add(process.pid)
+            try:
+                output, returncode = process.communicate(timeout=RUN_TIMEOUT)[0], process.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                output, returncode = process.communicate()[0], 1
+                output += f"\nkilled after {RUN_TIMEOUT} s: its tests count as missing".encode()
+            finally:
+                _running.discard(process.pid)
+        lines = output.decode(errors="replace").strip().splitlines()
+        print("\n".join("    " + line for line in _report_lines(lines, returncode)), flush=True)
         outcomes.tests.update(Outcomes.read(part).tests)
     return outcomes, time.monotonic() - start
 
@@ -1326,6 +1357,8 @@ def check_pull_request(
         paths = upstream_tests_for(touched, heavy=heavy != "none")
         if heavy == "subset":
             paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
+        elif heavy == "none":
+            paths = [p for p in paths if p not in HEAVY_TESTS]
         report = tmp / f"pr-{pr.name}.xml"
         after, seconds = _pytest(patched, paths, report, workers)
         before, stock_seconds = _stock_outcomes(stock, paths, after, tmp / f"pr-{pr.name}-stock.xml", workers)
@@ -1554,4 +1587,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_runs)
     sys.exit(main())
