@@ -713,7 +713,13 @@ def hoist(checkout: Path, base: str, stack: str, prs: Sequence[Hoisted], branch:
     origins = [index_of[rev(pr.moved)] if pr.moved else len(commits) for pr in prs]
     gone = {rev(pr.moved) for pr in prs if pr.moved} | {rev(c) for pr in prs for c in pr.absorbed}
     gone_entries = {line for sha in gone for line in _added_lines(top, sha).get("CHANGELOG.md", [])}
-    tip = rev(prs[-1].commit)
+    shas = [rev(pr.commit) for pr in prs]
+    # each pull request's files but CHANGELOG.md, once: the loop below re-makes every stack commit
+    pr_files = [
+        [f for f in git("diff", "--name-only", f"{sha}~1", sha, cwd=top).stdout.split() if f != "CHANGELOG.md"]
+        for sha in shas
+    ]
+    tip = shas[-1]
     tip_changelog = git("show", f"{tip}:CHANGELOG.md", cwd=top).stdout
     known = {entry for _, entry in _unreleased_entries(git("show", f"{base}:CHANGELOG.md", cwd=top).stdout)}
     known |= {entry for _, entry in _unreleased_entries(tip_changelog)}
@@ -726,10 +732,7 @@ def hoist(checkout: Path, base: str, stack: str, prs: Sequence[Hoisted], branch:
             for index, commit in enumerate(commits):
                 git("checkout", "-q", "--detach", "-f", commit, cwd=work)
                 stack_changelog = (work / "CHANGELOG.md").read_text()
-                for pr, origin in zip(prs, origins):
-                    sha = rev(pr.commit)
-                    files = [f for f in git("diff", "--name-only", f"{sha}~1", sha, cwd=top).stdout.split()]
-                    files = [f for f in files if f != "CHANGELOG.md"]
+                for pr, origin, sha, files in zip(prs, origins, shas, pr_files):
                     if pr.owns:
                         git("checkout", sha, "--", *files, cwd=work)
                         continue
