@@ -98,6 +98,17 @@ def test_pull_requests_name_what_they_need(tmp_path: Path):
     first, then = series.pull_requests(tmp_path)
     assert (first.needs, then.needs) == ((), ("01-first",))
     assert series.with_needs(then, tmp_path) == ["01-first", "02-second"]
+    third = tmp_path / "03-third"  # needs 02 directly, so 01 through it; not an unrelated 04
+    third.mkdir()
+    (third / "0001-c.patch").write_text("")
+    (third / "README.md").write_text("# Third\n\nNeeds: 02-second\n")
+    other = tmp_path / "04-other"
+    other.mkdir()
+    (other / "0001-d.patch").write_text("")
+    (other / "README.md").write_text("# Other\n\nNeeds: none\n")
+    *_, third_pr, other_pr = series.pull_requests(tmp_path)
+    assert series.with_needs(third_pr, tmp_path) == ["01-first", "02-second", "03-third"]
+    assert series.with_needs(other_pr, tmp_path) == ["04-other"]
     (tmp_path / "0001-loose.patch").write_text("")
     with pytest.raises(series.SeriesError, match="belong in a pull request's folder"):
         series.pull_requests(tmp_path)

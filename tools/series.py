@@ -511,8 +511,19 @@ def patch_files(series: Path = SERIES_DIR, names: Sequence[str] | None = None) -
 
 
 def with_needs(pr: PullRequest, series: Path = SERIES_DIR) -> list[str]:
-    """``pr`` and the pull requests it applies on, in the series' order."""
-    return [p.name for p in pull_requests(series) if p.name in pr.needs or p.name == pr.name]
+    """``pr`` and the pull requests it applies on, in the series' order.
+
+    A pull request applies on what it names and on what those need in turn: its ``Needs:`` line names only the pull
+    requests it builds on directly.
+    """
+    prs = {p.name: p for p in pull_requests(series)}
+    wanted, todo = {pr.name}, list(pr.needs)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += prs[name].needs
+    return [name for name in prs if name in wanted]
 
 
 # ----------------------------------------------------------------------------------------------------------- apply
@@ -1341,7 +1352,7 @@ def check_pull_request(
     classification suites as ``heavy`` says), and upstream's ruff on its files. Returns problems and summary rows.
     """
     names = with_needs(pr, series)
-    label = f"{pr.name}" + (f" (on {', '.join(pr.needs)})" if pr.needs else " (alone)")
+    label = f"{pr.name}" + (f" (on {', '.join(n[:2] for n in names if n != pr.name)})" if pr.needs else " (alone)")
     print(f"\n=== {label}: {len(patch_files(series, names))} patches", flush=True)
     patched = tmp / f"pr-{pr.name}"
     git("worktree", "add", "-q", "--detach", str(patched), "upstream", cwd=stock)
