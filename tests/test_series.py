@@ -124,6 +124,33 @@ def test_each_pull_request_applies_on_exactly_the_ones_it_names(checkout: Path):
         assert len(commits) == len(series.patch_files(names=series.with_needs(pr))), pr.name
 
 
+def test_added_tests_are_the_test_functions_a_change_adds(tmp_path: Path):
+    """A pull request that builds on others runs the tests it adds: new test functions, not changed or helper ones."""
+    repo = _repository(tmp_path)
+    (repo / "tests" / "unittests" / "area").mkdir(parents=True)
+    suite = "tests/unittests/area/test_a.py"
+    base = _commit(repo, {suite: "def test_old():\n    pass\n", "tests/unittests/area/helper.py": ""}, "base")
+    changed = "def test_old():\n    assert 1\n\n\ndef test_new(x):\n    pass\n\n\nasync def test_waits():\n    pass\n"
+    _commit(repo, {suite: changed, "tests/unittests/area/helper.py": "def test_like():\n    pass\n"}, "change")
+    assert series.added_tests(repo, base) == [
+        "unittests/area/test_a.py::test_new",
+        "unittests/area/test_a.py::test_waits",
+    ]
+
+
+def test_a_pull_request_alone_runs_the_suites_of_its_files_not_of_their_folders():
+    """The whole stack runs every suite of the folders it touches; a pull request alone the suites of its files."""
+    jaccard = "src/torchmetrics/functional/classification/jaccard.py"
+    alone = series.upstream_tests_for([jaccard], heavy=True, whole=False)
+    assert "unittests/classification/test_jaccard.py" in alone
+    assert "unittests/classification/test_stat_scores.py" not in alone
+    assert not set(series.ALWAYS_TESTS) & set(alone)
+    whole = series.upstream_tests_for([jaccard], heavy=True)
+    assert {"unittests/classification/test_stat_scores.py", *series.ALWAYS_TESTS} <= set(whole)
+    unmapped = "src/torchmetrics/classification/hamming.py"  # only its folder names it: the folder's suites
+    assert "unittests/classification/test_stat_scores.py" in series.upstream_tests_for([unmapped], True, whole=False)
+
+
 def test_short_names_cut_at_a_word():
     assert series.short_name("Aggregation: check `nan` on the device and never write the inputs") == (
         "aggregation-check-nan-on-the-device-and"

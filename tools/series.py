@@ -593,12 +593,17 @@ def _changelog_matches(top: Path, patches: Sequence[Path]) -> bool:
 
 
 def apply(
-    checkout: Path, series: Path = SERIES_DIR, check: bool = False, names: Sequence[str] | None = None
+    checkout: Path,
+    series: Path = SERIES_DIR,
+    check: bool = False,
+    names: Sequence[str] | None = None,
+    changelog: bool | None = None,
 ) -> list[str]:
     """``git am`` the series, or the pull requests ``names``, onto ``checkout``; returns the new commits.
 
     With ``check``: only in a scratch worktree. On a tree whose CHANGELOG.md is not master's (a release tag), the
-    patches apply without their CHANGELOG lines (see :func:`_changelog_matches`), and it says so.
+    patches apply without their CHANGELOG lines (see :func:`_changelog_matches`), and it says so. ``changelog``
+    decides that for a caller that applies pull requests in steps (the tree after the first step is not master).
     """
     patches = patch_files(series, names)
     top = _toplevel(checkout)
@@ -607,7 +612,8 @@ def apply(
     applied = [p.name for p in patches if subject(p) in recent]
     if applied:
         raise SeriesError(f"{top} already has commits with the subjects of {applied}; nothing was applied")
-    changelog = _changelog_matches(top, patches)
+    if changelog is None:
+        changelog = _changelog_matches(top, patches)
     if not changelog:
         print(f"{top}: CHANGELOG.md left out (it is not the one the series was made against)", flush=True)
     if not check:
@@ -901,11 +907,38 @@ def _touched(tree: Path, base: str) -> list[str]:
     return git("diff", "--name-only", f"{base}..HEAD", cwd=tree).stdout.split()
 
 
-def upstream_tests_for(touched: Sequence[str], heavy: bool) -> list[str]:
-    """Upstream test paths (relative to tests/) for the touched files of the series."""
-    paths = list(ALWAYS_TESTS)
+def added_tests(tree: Path, base: str) -> list[str]:
+    """Node ids (relative to ``tests/``) of the test functions that the commits ``base..HEAD`` of ``tree`` add."""
+    ids, path = [], ""
+    for line in git("diff", f"{base}..HEAD", "--", "tests/", cwd=tree).stdout.splitlines():
+        if line.startswith("+++ "):
+            path = line.removeprefix("+++ b/").removeprefix("tests/")
+        found = re.match(r"^\+(?:async )?def (test_\w+)\(", line)
+        if found and Path(path).name.startswith("test_") and f"{path}::{found.group(1)}" not in ids:
+            ids.append(f"{path}::{found.group(1)}")
+    return ids
+
+
+def _maps(prefix: str, path: str, whole: bool) -> bool:
+    """Whether the :data:`TESTS_FOR_SOURCE` key ``prefix`` gives ``path`` its suites.
+
+    For a pull request checked alone (not ``whole``), a folder's suites only where no key names the file itself: a
+    change to the confusion matrix runs the confusion-matrix suites, not also the stat scores' of its folder.
+    """
+    if not path.startswith(prefix):
+        return False
+    return whole or not prefix.endswith("/") or not any(key == path for key in TESTS_FOR_SOURCE)
+
+
+def upstream_tests_for(touched: Sequence[str], heavy: bool, whole: bool = True) -> list[str]:
+    """Upstream test paths (relative to tests/) for the touched files of the series.
+
+    ``whole``: for the whole stack, with :data:`ALWAYS_TESTS` (it changes what every metric inherits) and the suites
+    of every folder it touches; a pull request checked alone runs the suites of the files it touches only.
+    """
+    paths = list(ALWAYS_TESTS) if whole else []
     for prefix, (tests, is_heavy) in TESTS_FOR_SOURCE.items():
-        if any(path.startswith(prefix) for path in touched) and (heavy or not is_heavy):
+        if any(_maps(prefix, path, whole) for path in touched) and (heavy or not is_heavy):
             paths += [t for t in tests if t not in paths]
     for path in touched:  # test files added or changed by the series (not helpers such as conftest.py)
         if path.startswith("tests/unittests/") and Path(path).name.startswith("test_") and path.endswith(".py"):
@@ -1346,10 +1379,13 @@ def write_baseline(
 def check_pull_request(
     pr: PullRequest, stock: Path, series: Path, tmp: Path, workers: int, ruff: str, heavy: str
 ) -> tuple[list[str], list[tuple[str, str, str, str, float]]]:
-    """Apply ``pr`` on exactly the pull requests it names to the unpatched ``stock`` checkout and check it alone.
+    """Apply ``pr`` on exactly the pull requests it needs to the unpatched ``stock`` checkout and check it there.
 
-    Upstream's tests of the modules the pull request itself touches, unpatched against patched (the heavy
-    classification suites as ``heavy`` says), and upstream's ruff on its files. Returns problems and summary rows.
+    A pull request that needs none: upstream's tests of the modules it touches, unpatched against patched (the heavy
+    classification suites as ``heavy`` says). One that builds on others: with ``heavy="all"`` the same; otherwise the
+    tests it adds to upstream's suites (:func:`added_tests`), which must pass: upstream's suites of its modules pass on
+    the whole stack, checked before, and what a pull request can lack on its own (a helper of a later one) breaks its
+    own tests. Both: upstream's ruff on its files. Returns problems and summary rows.
     """
     names = with_needs(pr, series)
     label = f"{pr.name}" + (f" (on {', '.join(n[:2] for n in names if n != pr.name)})" if pr.needs else " (alone)")
@@ -1360,24 +1396,30 @@ def check_pull_request(
     rows: list[tuple[str, str, str, str, float]] = []
     try:
         needed = [name for name in names if name != pr.name]
+        changelog = _changelog_matches(patched, patch_files(series, names))
         if needed:
-            apply(patched, series, names=needed)
+            apply(patched, series, names=needed, changelog=changelog)
         before_pr = git("rev-parse", "HEAD", cwd=patched).stdout.strip()
         try:
-            apply(patched, series, names=[pr.name])
+            apply(patched, series, names=[pr.name], changelog=changelog)
         except SeriesError as err:
             return [f"{pr.name}: {err}"], rows
         touched = _touched(patched, before_pr)
-        paths = upstream_tests_for(touched, heavy=heavy != "none")
-        if heavy == "subset":
-            paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
-        elif heavy == "none":
-            paths = [p for p in paths if p not in HEAVY_TESTS]
         report = tmp / f"pr-{pr.name}.xml"
-        after, seconds = _pytest(patched, paths, report, workers)
-        before, stock_seconds = _stock_outcomes(stock, paths, after, tmp / f"pr-{pr.name}-stock.xml", workers)
-        problems += [f"{pr.name}: {p}" for p in compare_outcomes(before, after)]
-        rows.append((label, "upstream tests", before.summary(), after.summary(), seconds + stock_seconds))
+        if pr.needs and heavy != "all":
+            after, seconds = _pytest(patched, added_tests(patched, before_pr), report, workers)
+            problems += [f"{pr.name}: {p}" for p in compare_outcomes(Outcomes(), after)]
+            rows.append((label, "tests it adds", "", after.summary(), seconds))
+        else:
+            paths = upstream_tests_for(touched, heavy=heavy != "none", whole=False)
+            if heavy == "subset":
+                paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
+            elif heavy == "none":
+                paths = [p for p in paths if p not in HEAVY_TESTS]
+            after, seconds = _pytest(patched, paths, report, workers)
+            before, stock_seconds = _stock_outcomes(stock, paths, after, tmp / f"pr-{pr.name}-stock.xml", workers)
+            problems += [f"{pr.name}: {p}" for p in compare_outcomes(before, after)]
+            rows.append((label, "upstream tests", before.summary(), after.summary(), seconds + stock_seconds))
         sources = [p for p in touched if p.endswith(".py")]
         new_findings = _ruff_findings(patched, sources, ruff) - _ruff_findings(stock, sources, ruff)
         problems += [f"{pr.name}: ruff {rule} in {path} ({n}x)" for (path, rule), n in sorted(new_findings.items())]
@@ -1396,8 +1438,13 @@ def check_series(
     project: str,
     heavy: str = "all",
     project_markers: str = PROJECT_MARKERS,
+    alone: str = "all",
 ) -> int:
-    """Apply the series to each snapshot and check it; returns the number of problems found."""
+    """Apply the series to each snapshot and check it; returns the number of problems found.
+
+    ``alone``: which pull requests are then checked on exactly what they need, on the first snapshot: ``all``,
+    ``independent`` (those that need none: where a release difference that the whole stack hides shows) or ``none``.
+    """
     patches = patch_files(series)
     problems: list[str] = []
     rows = []
@@ -1466,6 +1513,8 @@ def check_series(
             git("worktree", "remove", "--force", str(patched), cwd=stock, check=False)
             if index == 0:  # each pull request on exactly the ones it names (the whole stack is checked above)
                 for pr in pull_requests(series):
+                    if alone == "none" or (alone == "independent" and pr.needs):
+                        continue
                     if len(with_needs(pr, series)) < len(pull_requests(series)):
                         found, pr_rows = check_pull_request(pr, stock, series, Path(tmp), workers, ruff, heavy)
                         problems += found
@@ -1550,6 +1599,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the heavy classification suites: all of them, the stat-scores and accuracy files (CI), or none (the"
         " other torch releases' CI environments)",
     )
+    p_test.add_argument(
+        "--pull-requests",
+        choices=("all", "independent", "none"),
+        default="all",
+        help="which pull requests to check on exactly what they need after the whole stack: all (CI's upstream"
+        " environment), those that need none (the other torch releases' CI environments), or none",
+    )
 
     args = parser.parse_args(argv)
     try:
@@ -1592,6 +1648,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.project,
                 args.heavy,
                 args.project_markers,
+                args.pull_requests,
             )
             return min(1, problems)
     except SeriesError as err:
