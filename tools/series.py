@@ -1382,7 +1382,8 @@ def check_pull_request(
     """Apply ``pr`` on exactly the pull requests it needs to the unpatched ``stock`` checkout and check it there.
 
     A pull request that needs none: upstream's tests of the modules it touches, unpatched against patched (the heavy
-    classification suites as ``heavy`` says). One that builds on others: with ``heavy="all"`` the same; otherwise the
+    classification suites as ``heavy`` says), and the tests it adds to suites ``heavy`` leaves out. One that builds on
+    others: with ``heavy="all"`` the same; otherwise the
     tests it adds to upstream's suites (:func:`added_tests`), which must pass: upstream's suites of its modules pass on
     the whole stack, checked before, and what a pull request can lack on its own (a helper of a later one) breaks its
     own tests. Both: upstream's ruff on its files. Returns problems and summary rows.
@@ -1416,7 +1417,10 @@ def check_pull_request(
                 paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
             elif heavy == "none":
                 paths = [p for p in paths if p not in HEAVY_TESTS]
-            after, seconds = _pytest(patched, paths, report, workers)
+            # and the tests it adds in suites the heavy option leaves out (on an old torch those found what the
+            # whole stack hid)
+            added = [t for t in added_tests(patched, before_pr) if _file_of(t) not in paths]
+            after, seconds = _pytest(patched, paths + added, report, workers)
             before, stock_seconds = _stock_outcomes(stock, paths, after, tmp / f"pr-{pr.name}-stock.xml", workers)
             problems += [f"{pr.name}: {p}" for p in compare_outcomes(before, after)]
             rows.append((label, "upstream tests", before.summary(), after.summary(), seconds + stock_seconds))
