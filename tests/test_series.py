@@ -109,6 +109,10 @@ def test_pull_requests_name_what_they_need(tmp_path: Path):
     *_, third_pr, other_pr = series.pull_requests(tmp_path)
     assert series.with_needs(third_pr, tmp_path) == ["01-first", "02-second", "03-third"]
     assert series.with_needs(other_pr, tmp_path) == ["04-other"]
+    # checked with upstream's suites of its files: one on independent pull requests; with the tests it adds: one on a
+    # pull request that needs others in turn
+    assert not series._builds_on_a_stack(then, tmp_path)
+    assert series._builds_on_a_stack(third_pr, tmp_path)
     (tmp_path / "0001-loose.patch").write_text("")
     with pytest.raises(series.SeriesError, match="belong in a pull request's folder"):
         series.pull_requests(tmp_path)

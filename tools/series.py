@@ -1376,14 +1376,24 @@ def write_baseline(
     return path
 
 
+def _builds_on_a_stack(pr: PullRequest, series: Path) -> bool:
+    """Whether ``pr`` needs a pull request that needs others in turn (the areas on the deferred checks).
+
+    Those are checked with the tests they add; the independent pull requests and those on independent ones only
+    (e.g. the coalesced sync on the DDP fallback) with upstream's suites of their files.
+    """
+    prs = {p.name: p for p in pull_requests(series)}
+    return any(prs[name].needs for name in pr.needs)
+
+
 def check_pull_request(
     pr: PullRequest, stock: Path, series: Path, tmp: Path, workers: int, ruff: str, heavy: str
 ) -> tuple[list[str], list[tuple[str, str, str, str, float]]]:
     """Apply ``pr`` on exactly the pull requests it needs to the unpatched ``stock`` checkout and check it there.
 
-    A pull request that needs none: upstream's tests of the modules it touches, unpatched against patched (the heavy
-    classification suites as ``heavy`` says), and the tests it adds to suites ``heavy`` leaves out. One that builds on
-    others: with ``heavy="all"`` the same; otherwise the
+    A pull request that needs none, or independent ones only: upstream's tests of the modules it touches, unpatched
+    against patched (the heavy classification suites as ``heavy`` says), and the tests it adds to suites ``heavy``
+    leaves out. One that builds on a stack (:func:`_builds_on_a_stack`): with ``heavy="all"`` the same; otherwise the
     tests it adds to upstream's suites (:func:`added_tests`), which must pass: upstream's suites of its modules pass on
     the whole stack, checked before, and what a pull request can lack on its own (a helper of a later one) breaks its
     own tests. Both: upstream's ruff on its files. Returns problems and summary rows.
@@ -1407,7 +1417,7 @@ def check_pull_request(
             return [f"{pr.name}: {err}"], rows
         touched = _touched(patched, before_pr)
         report = tmp / f"pr-{pr.name}.xml"
-        if pr.needs and heavy != "all":
+        if _builds_on_a_stack(pr, series) and heavy != "all":
             after, seconds = _pytest(patched, added_tests(patched, before_pr), report, workers)
             problems += [f"{pr.name}: {p}" for p in compare_outcomes(Outcomes(), after)]
             rows.append((label, "tests it adds", "", after.summary(), seconds))
