@@ -155,6 +155,41 @@ def test_a_pull_request_alone_runs_the_suites_of_its_files_not_of_their_folders(
     assert "unittests/classification/test_stat_scores.py" in series.upstream_tests_for([unmapped], True, whole=False)
 
 
+def _changed_lines(patch: Path, sign: str) -> dict[str, set[str]]:
+    """The non-blank lines a patch adds (``+``) or removes (``-``), per file but CHANGELOG.md."""
+    lines: dict[str, set[str]] = {}
+    path = ""
+    for line in patch.read_text().splitlines():
+        if line.startswith("diff --git "):
+            path = line.split()[-1].removeprefix("b/")
+        elif path != "CHANGELOG.md" and line.startswith(sign) and not line.startswith(sign * 3) and line[1:].strip():
+            lines.setdefault(path, set()).add(line[1:].strip())
+    return lines
+
+
+#: lines a later pull request rewrites in an earlier one's change, by (earlier, later): reviewed, each with its reason
+REWRITTEN_LINES = {
+    # 06 imports one more name from typing on the line 01 extended
+    ("01-ddp-gloo-fallback", "06-coalesced-ddp-sync"): {"from typing import Any, Callable, Dict, List, Optional"},
+}
+
+
+def test_no_pull_request_rewrites_the_lines_of_another():
+    """A pull request builds on the ones before it: it removes no line that an earlier one added, but those listed."""
+    patches = {pr.name: list(pr.patches) for pr in series.pull_requests()}
+    added = {name: [_changed_lines(p, "+") for p in files] for name, files in patches.items()}
+    removed = {name: [_changed_lines(p, "-") for p in files] for name, files in patches.items()}
+    names = list(patches)
+    found = {}
+    for i, earlier in enumerate(names):
+        for later in names[i + 1 :]:
+            for before in added[earlier]:
+                for after in removed[later]:
+                    for path in before.keys() & after.keys():
+                        found.setdefault((earlier, later), set()).update(before[path] & after[path])
+    assert {pair: lines for pair, lines in found.items() if lines} == REWRITTEN_LINES
+
+
 def test_short_names_cut_at_a_word():
     assert series.short_name("Aggregation: check `nan` on the device and never write the inputs") == (
         "aggregation-check-nan-on-the-device-and"
