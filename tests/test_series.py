@@ -128,6 +128,12 @@ def test_each_pull_request_applies_on_exactly_the_ones_it_names(checkout: Path):
         assert len(commits) == len(series.patch_files(names=series.with_needs(pr))), pr.name
 
 
+def test_diff_lines_are_the_lines_a_diff_adds_or_removes():
+    diff = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n keep\n-old\n+new\n"
+    assert series.diff_lines(diff) == {"x.py": ["new"]}
+    assert series.diff_lines(diff, "-") == {"x.py": ["old"]}
+
+
 def test_added_tests_are_the_test_functions_a_change_adds(tmp_path: Path):
     """A pull request that builds on others runs the tests it adds: new test functions, not changed or helper ones."""
     repo = _repository(tmp_path)
@@ -157,14 +163,12 @@ def test_a_pull_request_alone_runs_the_suites_of_its_files_not_of_their_folders(
 
 def _changed_lines(patch: Path, sign: str) -> dict[str, set[str]]:
     """The non-blank lines a patch adds (``+``) or removes (``-``), per file but CHANGELOG.md."""
-    lines: dict[str, set[str]] = {}
-    path = ""
-    for line in patch.read_text().splitlines():
-        if line.startswith("diff --git "):
-            path = line.split()[-1].removeprefix("b/")
-        elif path != "CHANGELOG.md" and line.startswith(sign) and not line.startswith(sign * 3) and line[1:].strip():
-            lines.setdefault(path, set()).add(line[1:].strip())
-    return lines
+    changed = series.diff_lines(patch.read_text(), sign)
+    return {
+        path: {line.strip() for line in lines if line.strip()}
+        for path, lines in changed.items()
+        if path != "CHANGELOG.md"
+    }
 
 
 #: lines a later pull request rewrites in an earlier one's change, by (earlier, later): reviewed, each with its reason

@@ -645,16 +645,23 @@ def checkout(dest: Path, archive: Path, series: Path = SERIES_DIR) -> list[str]:
     return apply(dest, series)
 
 
+def diff_lines(diff: str, sign: str = "+") -> dict[str, list[str]]:
+    """The lines a unified diff (``git diff``, a ``git format-patch`` file) adds or removes (``sign``), per file."""
+    changed: dict[str, list[str]] = {}
+    path, in_hunk = "", False
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            path, in_hunk = line.split()[-1].removeprefix("b/"), False
+        elif line.startswith("@@"):
+            in_hunk = True
+        elif in_hunk and line.startswith(sign):
+            changed.setdefault(path, []).append(line[1:])
+    return changed
+
+
 def _added_lines(top: Path, commit: str) -> dict[str, list[str]]:
     """The lines a commit adds, per file."""
-    added: dict[str, list[str]] = {}
-    path = ""
-    for line in git("diff", f"{commit}~1", commit, cwd=top).stdout.splitlines():
-        if line.startswith("+++ "):
-            path = line.removeprefix("+++ b/")
-        elif line.startswith("+"):
-            added.setdefault(path, []).append(line[1:])
-    return added
+    return diff_lines(git("diff", f"{commit}~1", commit, cwd=top).stdout)
 
 
 def _unreleased_entries(changelog: str) -> list[tuple[str, str]]:
@@ -919,6 +926,15 @@ def added_tests(tree: Path, base: str) -> list[str]:
     return ids
 
 
+def _with_heavy(paths: list[str], heavy: str) -> list[str]:
+    """``paths`` with the heavy suites ``test --heavy`` keeps: ``all``, the ``subset`` (CI's) or ``none``."""
+    if heavy == "subset":
+        return [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
+    if heavy == "none":
+        return [p for p in paths if p not in HEAVY_TESTS]
+    return paths
+
+
 def _maps(prefix: str, path: str, whole: bool) -> bool:
     """Whether the :data:`TESTS_FOR_SOURCE` key ``prefix`` gives ``path`` its suites.
 
@@ -927,7 +943,7 @@ def _maps(prefix: str, path: str, whole: bool) -> bool:
     """
     if not path.startswith(prefix):
         return False
-    return whole or not prefix.endswith("/") or not any(key == path for key in TESTS_FOR_SOURCE)
+    return whole or not prefix.endswith("/") or path not in TESTS_FOR_SOURCE
 
 
 def upstream_tests_for(touched: Sequence[str], heavy: bool, whole: bool = True) -> list[str]:
@@ -1422,11 +1438,7 @@ def check_pull_request(
             problems += [f"{pr.name}: {p}" for p in compare_outcomes(Outcomes(), after)]
             rows.append((label, "tests it adds", "", after.summary(), seconds))
         else:
-            paths = upstream_tests_for(touched, heavy=heavy != "none", whole=False)
-            if heavy == "subset":
-                paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
-            elif heavy == "none":
-                paths = [p for p in paths if p not in HEAVY_TESTS]
+            paths = _with_heavy(upstream_tests_for(touched, heavy=heavy != "none", whole=False), heavy)
             # and the tests it adds in suites the heavy option leaves out (on an old torch those found what the
             # whole stack hid)
             added = [t for t in added_tests(patched, before_pr) if _file_of(t) not in paths]
@@ -1479,11 +1491,7 @@ def check_series(
                 problems.append(f"{label}: {err}")
                 continue
             touched = _touched(patched, "upstream")
-            paths = upstream_tests_for(touched, heavy=index == 0)
-            if heavy == "subset":
-                paths = [p for p in paths if p not in HEAVY_TESTS or p in HEAVY_SUBSET]
-            elif heavy == "none":
-                paths = [p for p in paths if p not in HEAVY_TESTS]
+            paths = _with_heavy(upstream_tests_for(touched, heavy=index == 0), heavy)
             after_report, before_report = Path(tmp) / f"{label}-after.xml", Path(tmp) / f"{label}-before.xml"
             after, seconds = _pytest(patched, paths, after_report, workers)
             before: Outcomes | None = None
