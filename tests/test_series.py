@@ -175,6 +175,32 @@ def _changed_lines(patch: Path, sign: str) -> dict[str, set[str]]:
 REWRITTEN_LINES = {
     # 06 imports one more name from typing on the line 01 extended
     ("01-ddp-gloo-fallback", "06-coalesced-ddp-sync"): {"from typing import Any, Callable, Dict, List, Optional"},
+    ("07-aggregation-python-numbers-and-nan", "10-deferred-checks"): {
+        # 10 replaces the host reads that 07 keeps for "warn" and "error" (and their docstring) by deferred checks
+        'Returns ``None`` for ``"disable"``, and where the check of ``"warn"``/``"error"`` found no `nan`. '
+        "Otherwise the",
+        "mask may be clear: the sums mask by arithmetic, never by a data-dependent shape, "
+        "so that a batch adds the same bits",
+        'on every device. ``"ignore"`` and float strategies read nothing on the host; ``"warn"`` and ``"error"`` read',
+        "whether the batch holds a `nan`, to warn or raise at once.",
+        'if metric.nan_strategy in ("error", "warn") and not nans.any():',
+        "return None",
+        "raise RuntimeError(_NAN_MESSAGE)",
+        'rank_zero_warn(f"{_NAN_MESSAGE}. Will be removed.", UserWarning)',
+        # with "error" deferred, CatMetric's state may hold the masked batches that compute leaves out
+        '"""Return the batches without their `nan` entries (flattened)."""',
+        '# with "warn" and "ignore" the batch keeps its `nan` entries (the neutral element here):',
+        "`nan` entries kept by ``update`` are left out here.",
+        "def _without_nan(values: list[Tensor]) -> list[Tensor]:",
+        'keeps_nan = self.nan_strategy in ("warn", "ignore")',
+        "kept = _without_nan([values] if isinstance(values, Tensor) else values)",
+        # 10 writes states through ``add_to_states`` and ``_fold_extreme`` (in place, inference-mode states)
+        'self.max_value = torch.max(self.max_value, _cast_and_neutralise(self, value, float("-inf")).max())',
+        'self.min_value = torch.min(self.min_value, _cast_and_neutralise(self, value, float("inf")).min())',
+        "self.sum_value += _sum_of(self, value)",
+        "self.mean_value += mean_value",
+        "self.weight += total_weight",
+    },
 }
 
 
