@@ -17,6 +17,9 @@ Three sets of pairs:
 
 Every pair also records the bytes one call allocates, stock and patched (``stock_bytes``/``patched_bytes``: the new
 tensors' storages, deterministic, an upper bound of the call's peak memory).
+* ``test_paired_census_host_time``: the patched classes that the census measures and the audit's catalogue has not
+  (``HausdorffDistance``, ``PanopticQuality``, ``ModifiedPanopticQuality``), on the census's inputs, ``update`` and
+  ``forward``;
 * ``test_paired_report_step``: the motivating report's metric step, ``MeanMetric(loss)`` plus multiclass
   ``Accuracy``/``Precision``/``Recall``/``F1Score`` (1000 classes, ``average='macro'``) updated with the logits of a
   batch of 128 (the demo's :class:`~torchmetrics_syncfree.tools.demo.MetricSet`).
@@ -34,6 +37,7 @@ call works in both modes and that the patched and stock states agree.
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +50,7 @@ import torch
 import torchmetrics
 
 from torchmetrics_syncfree import _deferred, _registry
+from torchmetrics_syncfree.tools import census
 from torchmetrics_syncfree.tools.allocations import allocated_by
 from torchmetrics_syncfree.tools.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
 from torchmetrics_syncfree.tools.demo import MetricSet
@@ -384,3 +389,27 @@ def test_paired_device_path(benchmark: Any, config: Config, call: str) -> None:
     """Host time of the patched GPU code path, timed on CPU, against stock on CPU (which would sync on a GPU)."""
     info = {"config": f"{config.label} (device path)", "call": call, "area": config.area, "batch": BATCH}
     _measure_pair(benchmark, _metric_side(config, call, BATCH), info, device_path=True)
+
+
+#: patched classes outside the audit's catalogue, measured on the census's inputs (its specifications, batch 32)
+CENSUS_PAIRS = (
+    ("segmentation", "HausdorffDistance"),
+    ("detection", "PanopticQuality"),
+    ("detection", "ModifiedPanopticQuality"),
+)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("call", ("update", "forward"))
+@pytest.mark.parametrize(("area", "name"), CENSUS_PAIRS, ids=[name for _, name in CENSUS_PAIRS])
+def test_paired_census_host_time(benchmark: Any, area: str, name: str, call: str) -> None:
+    """Host time of the classes only the census measures: stock's per-sample loops against the fixed-shape updates."""
+    spec = census.spec_for(name, getattr(importlib.import_module(f"torchmetrics.{area}"), name))
+
+    def make() -> _Side:
+        metric = build_metric(spec.spec)
+        args, kwargs = census.make_inputs(spec.inputs, metric, torch.device("cpu"))
+        return _Side(_calls(metric, call, args, kwargs), [metric], lambda: metric.update(*args, **kwargs))
+
+    info = {"config": spec.spec, "call": call, "area": Config(spec.spec).area, "batch": BATCH}
+    _measure_pair(benchmark, make, info)

@@ -119,13 +119,21 @@ def test_pull_requests_name_what_they_need(tmp_path: Path):
 
 
 @needs_snapshots
-def test_each_pull_request_applies_on_exactly_the_ones_it_names(checkout: Path):
-    """A pull request that needs none applies to the unpatched tree alone; the others on exactly what they name."""
+def test_each_pull_request_applies_on_exactly_the_ones_it_names(
+    checkout: Path, snapshot: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A pull request that needs none applies to the unpatched tree alone; the others on exactly what they name.
+
+    On master with their CHANGELOG lines (each sits where only what it needs touches the context), on a release tag
+    without them.
+    """
     standalone = [pr for pr in series.pull_requests() if not pr.needs]
     assert len(standalone) >= 2
+    on_master = snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0]))
     for pr in series.pull_requests():
         commits = series.apply(checkout, check=True, names=series.with_needs(pr))
         assert len(commits) == len(series.patch_files(names=series.with_needs(pr))), pr.name
+        assert ("CHANGELOG.md left out" in capsys.readouterr().out) != on_master, pr.name
 
 
 def test_diff_lines_are_the_lines_a_diff_adds_or_removes():

@@ -578,13 +578,16 @@ def _git_am(top: Path, patches: Sequence[Path], changelog: bool = True) -> list[
     return git("log", "--reverse", "--format=%h %s", f"{before}..HEAD", cwd=top).stdout.splitlines()
 
 
-def _changelog_matches(top: Path, patches: Sequence[Path]) -> bool:
-    """Whether ``top``'s CHANGELOG.md is the one the first of ``patches`` that changes it was made against.
+def _changelog_matches(top: Path, series: Path) -> bool:
+    """Whether ``top``'s CHANGELOG.md is the one the series was made against (its first CHANGELOG change's base).
 
-    The series is made against master; a release tag's CHANGELOG differs in its Unreleased section (``### Fixed``
-    holds master's entries there), so the series applies to it without its CHANGELOG lines.
+    The series is made against master, and every pull request's entries sit where they apply on master with only the
+    pull requests it needs, so a pull request checked alone is checked with its CHANGELOG lines too (comparing with
+    the base of its own first patch would leave them out of every check but the first pull request's). A release
+    tag's CHANGELOG differs in its Unreleased section (``### Fixed`` holds master's entries there), so the series
+    applies to it without its CHANGELOG lines.
     """
-    for patch in patches:
+    for patch in patch_files(series):
         found = re.search(r"^diff --git a/CHANGELOG.md b/CHANGELOG.md\nindex ([0-9a-f]+)\.\.", patch.read_text(), re.M)
         if found:
             blob = git("rev-parse", "HEAD:CHANGELOG.md", cwd=top, check=False).stdout.strip()
@@ -613,7 +616,7 @@ def apply(
     if applied:
         raise SeriesError(f"{top} already has commits with the subjects of {applied}; nothing was applied")
     if changelog is None:
-        changelog = _changelog_matches(top, patches)
+        changelog = _changelog_matches(top, series)
     if not changelog:
         print(f"{top}: CHANGELOG.md left out (it is not the one the series was made against)", flush=True)
     if not check:
@@ -1423,7 +1426,7 @@ def check_pull_request(
     rows: list[tuple[str, str, str, str, float]] = []
     try:
         needed = [name for name in names if name != pr.name]
-        changelog = _changelog_matches(patched, patch_files(series, names))
+        changelog = _changelog_matches(patched, series)
         if needed:
             apply(patched, series, names=needed, changelog=changelog)
         before_pr = git("rev-parse", "HEAD", cwd=patched).stdout.strip()
