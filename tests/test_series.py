@@ -228,6 +228,20 @@ def test_no_pull_request_rewrites_the_lines_of_another():
     assert {pair: lines for pair, lines in found.items() if lines} == REWRITTEN_LINES
 
 
+def test_the_ddp_pass_runs_only_where_a_selected_file_marks_ddp_tests(tmp_path: Path):
+    """The DDP pass costs about 6 s even when empty: only for a selection that may hold a DDP test."""
+    unittests = tmp_path / "tests" / "unittests"
+    (unittests / "area").mkdir(parents=True)
+    (unittests / "area" / "test_ddp.py").write_text("@pytest.mark.DDP\ndef test_a():\n    pass\n")
+    (unittests / "area" / "test_plain.py").write_text("def test_b():\n    pass\n")
+    (unittests / "_helpers.py").write_text("x = 1\n")
+    assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_ddp.py::test_a"])
+    assert series._marks_ddp_tests(tmp_path, ["unittests/area"])
+    assert not series._marks_ddp_tests(tmp_path, ["unittests/area/test_plain.py", "unittests/area/test_plain.py::b"])
+    (unittests / "_helpers.py").write_text("DDP_CASE = pytest.param(True, marks=pytest.mark.DDP)\n")
+    assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_plain.py"])
+
+
 def test_short_names_cut_at_a_word():
     assert series.short_name("Aggregation: check `nan` on the device and never write the inputs") == (
         "aggregation-check-nan-on-the-device-and"

@@ -1035,12 +1035,30 @@ def _pytest_env(tree: Path) -> dict[str, str]:
     return env
 
 
+def _marks_ddp_tests(tree: Path, tests: Sequence[str]) -> bool:
+    """Whether a test of ``tests`` (paths or node ids under ``tree/tests``) may be marked ``DDP``.
+
+    Upstream marks its DDP tests where they are written (``pytest.mark.DDP`` in the test file); a helper module that
+    did it for them (any non-test module under ``unittests/`` that names the mark) makes every selection answer yes.
+    """
+    root = tree / "tests"
+    helpers = (p for p in (root / "unittests").rglob("*.py") if not p.name.startswith("test_"))
+    candidates = [p for t in tests for p in _test_files(root / _file_of(t))]
+    return any("mark.DDP" in p.read_text(encoding="utf-8", errors="replace") for p in (*helpers, *candidates))
+
+
+def _test_files(path: Path) -> list[Path]:
+    return sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
+
+
 def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tuple[Outcomes, float]:
     """Run upstream's tests of ``tree`` against ``tree/src``, as upstream's CI does; returns outcomes and seconds.
 
     Two runs: the tests not marked ``DDP`` on ``workers`` xdist workers, then the ``DDP`` tests in one process with
     ``USE_PYTEST_POOL=1`` (upstream's process pool, a gloo world on the fixed ports 8088-8100: no xdist there).
-    Without the pool, upstream skips its DDP tests or runs their ``ddp=True`` cases in a single process.
+    Without the pool, upstream skips its DDP tests or runs their ``ddp=True`` cases in a single process. The second
+    run is left out where no selected file marks a test ``DDP`` (:func:`_marks_ddp_tests`): an empty run (imports,
+    the pool) costs about 6 s, a third of a small pull request's check.
     """
     existing, missing = _runnable(tree, paths)
     for path, module in missing.items():
@@ -1049,7 +1067,8 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
         return Outcomes(), 0.0
     env = _pytest_env(tree)
     outcomes, start = Outcomes(), time.monotonic()
-    for marker, n, pool in (("not DDP", workers, False), ("DDP", 1, True)):
+    passes = [("not DDP", workers, False)] + ([("DDP", 1, True)] if _marks_ddp_tests(tree, existing) else [])
+    for marker, n, pool in passes:
         part = report.with_name(f"{report.stem}-{'ddp' if pool else 'main'}{report.suffix}")
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE", "-m", marker]
         command += ["-n", str(n)] if n > 1 else []
