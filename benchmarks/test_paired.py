@@ -292,9 +292,17 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def _metric_side(config: Config, call: str, batch: int) -> Callable[[], _Side]:
+    return _spec_side(
+        config.spec, call, lambda metric: make_inputs(config.inputs, metric, torch.device("cpu"), batch=batch)
+    )
+
+
+def _spec_side(spec: str, call: str, inputs: Callable[[Any], tuple[tuple, dict]]) -> Callable[[], _Side]:
+    """One side of the A/B: a metric built from ``spec``, updated with ``inputs(metric)``."""
+
     def make() -> _Side:
-        metric = build_metric(config.spec)
-        args, kwargs = make_inputs(config.inputs, metric, torch.device("cpu"), batch=batch)
+        metric = build_metric(spec)
+        args, kwargs = inputs(metric)
         return _Side(_calls(metric, call, args, kwargs), [metric], lambda: metric.update(*args, **kwargs))
 
     return make
@@ -405,11 +413,6 @@ CENSUS_PAIRS = (
 def test_paired_census_host_time(benchmark: Any, area: str, name: str, call: str) -> None:
     """Host time of the classes only the census measures: stock's per-sample loops against the fixed-shape updates."""
     spec = census.spec_for(name, getattr(importlib.import_module(f"torchmetrics.{area}"), name))
-
-    def make() -> _Side:
-        metric = build_metric(spec.spec)
-        args, kwargs = census.make_inputs(spec.inputs, metric, torch.device("cpu"))
-        return _Side(_calls(metric, call, args, kwargs), [metric], lambda: metric.update(*args, **kwargs))
-
+    make = _spec_side(spec.spec, call, lambda metric: census.make_inputs(spec.inputs, metric, torch.device("cpu")))
     info = {"config": spec.spec, "call": call, "area": Config(spec.spec).area, "batch": BATCH}
     _measure_pair(benchmark, make, info)
