@@ -209,6 +209,30 @@ REWRITTEN_LINES = {
         "self.mean_value += mean_value",
         "self.weight += total_weight",
     },
+    ("08-multiclass-stat-score-counting", "11-stat-scores"): {
+        # 11 imports the names of the deferred checks, ``_bincount`` (its ``_count``) and ``_is_compiling`` (of 10)
+        "from typing import Optional, Union",
+        "from torchmetrics.utilities.data import select_topk",
+        "from torchmetrics.utilities.imports import _XLA_AVAILABLE",
+        # ``_class_counts`` also returns the count of targets that are no class (the check of score inputs) and
+        # weighs the entries of a validated batch without masks; the update passes ``validated`` on
+        ") -> Tensor:",
+        '"""Compute tp/fp/tn/fn per class as one ``(4, C)`` block in O(entries + classes).',
+        "The ``(4, C)`` block (rows tp, fp, tn, fn)",
+        "return torch.stack((hits, predicted - hits, torch.rsub(predicted, counted) - misses, misses))",
+        "weights = _counted_entries(labels, target, num_classes, ignore_index, from_scores).long()",
+        "return _class_counts(labels, target, num_classes, ignore_index, from_scores, samplewise).unbind(0)",
+        # the micro block from two columns made once per device (``_is_compiling`` of 10): one launch fewer
+        "``tp`` hits of ``counted`` entries fp and fn are ``counted - tp`` and tn is ``(C - 2) * counted + tp``.",
+        "tp = correct.sum()",
+        "misses = torch.rsub(tp, counted)",
+        "return torch.stack((tp, misses, tp.add(counted, alpha=num_classes - 2), misses)).view(4, 1)",
+        # XLA and MPS count ``top_k=1`` with the mesh of ``_bincount`` (the docstring's line wraps anew)
+        "comparison",
+        # not 08's lines: the same text as lines of the validation 11 rewrites
+        '"""',
+        "if ignore_index is None:",
+    },
 }
 
 
