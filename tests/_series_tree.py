@@ -160,13 +160,13 @@ def _simulate_device(deferred: ModuleType) -> None:
         return reads_are_free(tensor) and not layer.device_path_forced() and not probe.simulating_device()
 
     def reader_of(metric: Any) -> Any:
-        entry = deferred._readers.get(id(metric))
-        return entry[1] if entry is not None and entry[0]() is metric else None
+        checks = metric.__dict__.get(deferred.CHECKS)
+        return None if checks is None else checks.reader
 
     def aging_sweep(metric: Any) -> None:
-        if deferred._quiet_time(metric):  # the tree's sweep does nothing there; and while dynamo traces, a lookup in
-            sweep(metric)  # ``_readers`` wraps the whole dict, which a metric's weakref callback may shrink meanwhile
-            return  # (CI saw "dictionary changed size during iteration" in a traced retrieval update)
+        if deferred._quiet_time(metric):  # the tree's sweep does nothing there; and while dynamo traces, a look at the
+            sweep(metric)  # reader would guard on it
+            return
         reader = reader_of(metric)
         if reader is not None and reader.in_flight:
             reader.age += 1

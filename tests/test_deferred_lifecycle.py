@@ -390,14 +390,47 @@ def test_cat_metric_compute_on_clean_state_reads_the_data_once_at_most(path: str
     torch.testing.assert_close(metric.compute(), t([1.0, 2.0]))
 
 
-class _ReadersNotToTouch(dict):
-    """A registry of readers that fails any lookup: while dynamo traces, one wraps the whole dict, which a dying
-    metric's weakref callback may shrink meanwhile ("dictionary changed size during iteration", seen in CI)."""
+class _ChecksWithReaderNotToTouch:
+    """A metric's ``DeferredChecks`` (the layer's or the series'), failing a look at its reader (dynamo would guard on
+    it, and a new reader made while tracing would belong to the graph)."""
 
-    def get(self, *args: Any) -> Any:
+    def __init__(self, kinds: tuple[Any, ...]) -> None:
+        self.kinds, self.holds = kinds, 0
+
+    @property
+    def reader(self) -> Any:
         raise AssertionError("the readers were looked up while tracing")
 
-    __getitem__ = __contains__ = get
+
+def test_copies_and_pickles_carry_the_check_kinds_but_no_reader_and_no_hold() -> None:
+    """A metric owns its checks' kinds, reader and holds; a copy gets the kinds only (the reader holds pinned buffers
+    and an event of the original's counters, and a copy made inside a wrapper's hold is not held)."""
+    deferred = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred  # tree mode: the series'
+    with torchmetrics_syncfree.patched():
+        _deferred.force_device_path(True)
+        try:
+            metric = MeanMetric(nan_strategy="error")
+            metric.update(t([1.0]))  # the first sweep makes the reader
+            checks = metric.__dict__[deferred.CHECKS]
+            assert checks.reader is not None
+            with deferred.held(metric):
+                copies = copy.deepcopy(metric), pickle.loads(pickle.dumps(metric)), metric.clone()
+                assert deferred.is_held(metric)
+            for duplicate in copies:
+                owned = duplicate.__dict__[deferred.CHECKS]
+                assert owned is not checks
+                assert owned.kinds == checks.kinds
+                assert owned.reader is None
+                assert not deferred.is_held(duplicate)
+                with pytest.raises(RuntimeError, match="nan"):  # a simulated copy arrives at once: the first sweep
+                    duplicate.update(t([float("nan")]))  # reads the copy's own counters, through a reader of its own
+                assert duplicate.__dict__[deferred.CHECKS].reader is not None
+            assert not deferred.is_held(metric)
+            assert metric.__dict__[deferred.CHECKS] is checks
+            assert checks.reader is not None
+            assert metric.compute() == 1.0
+        finally:
+            _deferred.force_device_path(False)
 
 
 def test_the_sweep_looks_up_no_reader_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,7 +441,8 @@ def test_the_sweep_looks_up_no_reader_while_tracing(monkeypatch: pytest.MonkeyPa
         try:
             metric = MeanMetric(nan_strategy="error")
             metric.update(t([1.0]))  # counters and check kinds in place, a reader registered
-            monkeypatch.setattr(deferred, "_readers", _ReadersNotToTouch())
+            checks = _ChecksWithReaderNotToTouch(deferred.kinds_of(metric))
+            monkeypatch.setitem(metric.__dict__, deferred.CHECKS, checks)
             with pytest.raises(AssertionError, match="looked up"):  # the double fails where it should
                 deferred.sweep(metric)
             # the layer asks its compatibility helper, the series its import shim (``utilities.imports``)

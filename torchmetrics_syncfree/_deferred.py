@@ -2,13 +2,14 @@
 
 Stock TorchMetrics validates inputs with ``if flag.any(): raise/warn``, which reads a device value on the host: a
 synchronization on every ``update``. Here every metric that checks its inputs owns a small integer state,
-``_deferred_checks``, with one counter per kind of check (:class:`Check`); the kinds are
-``metric._deferred_check_kinds``. An update that finds a problem adds the 0-dim flag to its counter in place
-(:func:`record`): pure tensor work on the metric's own tensor, so it traces under ``torch.compile(fullgraph=True)``
-and replays in a CUDA graph. Because the counters are a metric state (``dist_reduce_fx="sum"``, not persistent),
-everything TorchMetrics does to a metric carries them without special cases: ``reset()``, ``deepcopy``/``pickle``/
-``clone()``, ``merge_state``, ``forward()``'s cache and restore, the shared states of ``MetricCollection`` compute
-groups, the states of wrappers, and DDP's sync (all ranks see the sum, so all ranks report alike).
+``_deferred_checks``, with one counter per kind of check (:class:`Check`); the kinds, the reader of the counters' host
+copy and the wrappers' holds are the metric's :class:`DeferredChecks`. An update that finds a problem adds the 0-dim
+flag to its counter in place (:func:`record`): pure tensor work on the metric's own tensor, so it traces under
+``torch.compile(fullgraph=True)`` and replays in a CUDA graph. Because the counters are a metric state
+(``dist_reduce_fx="sum"``, not persistent), everything TorchMetrics does to a metric carries them without special
+cases: ``reset()``, ``deepcopy``/``pickle``/``clone()``, ``merge_state``, ``forward()``'s cache and restore, the
+shared states of ``MetricCollection`` compute groups, the states of wrappers, and DDP's sync (all ranks see the sum,
+so all ranks report alike).
 
 When the counters are read:
 
@@ -50,8 +51,8 @@ from torchmetrics_syncfree._states import read_only
 
 #: The metric state holding one counter per kind of check.
 STATE = "_deferred_checks"
-#: The instance attribute naming the kind of check of each counter (a tuple of :class:`Check`).
-KINDS = "_deferred_check_kinds"
+#: The instance attribute holding the metric's :class:`DeferredChecks` (the kinds, the reader, the holds).
+CHECKS = "_deferred_check_owner"
 #: Set to ``1`` to take the device path on CPU tensors too (as :func:`force_device_path`).
 DEVICE_PATH_ENV_VAR = "TORCHMETRICS_SYNCFREE_DEVICE_PATH"
 
@@ -125,6 +126,43 @@ INVALID_VALUES = Check(
     " was left out of the state.",
     RuntimeError,
 )
+
+
+class DeferredChecks:
+    """What a metric's deferred checks are besides their counters (a metric state), owned by the metric.
+
+    ``kinds``: the kind of check of each counter; ``reader``: the asynchronous read of the counters' host copy
+    (:class:`_Reader`, made at the first sweep on the device path); ``holds``: how many wrappers (or ``forward``) hold
+    the metric now (:func:`held`). A copy or a pickle of the metric gets a new object with the same kinds only: never
+    the reader's buffers and event (a copy reads its counters through its own), never a hold (a copy made inside a
+    hold is not held).
+    """
+
+    def __init__(self, kinds: Sequence[Check] = ()) -> None:
+        self.kinds: tuple[Check, ...] = tuple(kinds)
+        self.reader: _Reader | None = None
+        self.holds = 0
+
+    def __copy__(self) -> DeferredChecks:
+        return DeferredChecks(self.kinds)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DeferredChecks:
+        return DeferredChecks(self.kinds)
+
+    def __reduce__(self) -> tuple[Any, tuple[tuple[Check, ...]]]:
+        return DeferredChecks, (self.kinds,)
+
+    def __repr__(self) -> str:
+        return f"DeferredChecks({self.kinds!r}, holds={self.holds})"
+
+
+def _checks_of(metric: Any) -> DeferredChecks:
+    """The :class:`DeferredChecks` of ``metric``, made (without kinds) for a metric that has none yet."""
+    checks = metric.__dict__.get(CHECKS)
+    if checks is None:
+        checks = DeferredChecks()
+        object.__setattr__(metric, CHECKS, checks)
+    return checks
 
 
 def force_device_path(enabled: bool) -> None:
@@ -208,7 +246,7 @@ def add_checks(metric: Any, kinds: Sequence[Check], size: int = 1) -> None:
     run keep the same states (e.g. for ``MetricCollection`` compute groups).
     """
     metric.add_state(STATE, torch.zeros(size, dtype=torch.int32), dist_reduce_fx="sum", persistent=False)
-    object.__setattr__(metric, KINDS, tuple(kinds))
+    _checks_of(metric).kinds = tuple(kinds)
     mark_zero(metric.__dict__[STATE])
 
 
@@ -237,7 +275,8 @@ def checked_init(
 
 def kinds_of(metric: Any) -> tuple[Check, ...]:
     """The kinds of check whose counters ``metric`` reports (empty for a metric without checks)."""
-    return metric.__dict__.get(KINDS, ())
+    checks = metric.__dict__.get(CHECKS)
+    return () if checks is None else checks.kinds
 
 
 def counters_of(metric: Any) -> Tensor | None:
@@ -258,7 +297,7 @@ def keep_kinds(metric: Any, kinds: tuple[Check, ...], size: int = 1) -> None:
         counters = counters_of(metric).to(metric.device)
         setattr(metric, STATE, counters)
         mark_zero(counters)
-    object.__setattr__(metric, KINDS, kinds)
+    _checks_of(metric).kinds = kinds
 
 
 def _ensure_counters(metric: Any, kind: Check) -> Tensor:
@@ -272,7 +311,7 @@ def _ensure_counters(metric: Any, kind: Check) -> Tensor:
     elif all(known is not kind for known in kinds_of(metric)):
         if counters.numel() != 1:
             raise ValueError(f"{type(metric).__name__} has no counter for the check {kind.message!r}")
-        object.__setattr__(metric, KINDS, (kind,))  # the metric's setting changed since it was made
+        _checks_of(metric).kinds = (kind,)  # the metric's setting changed since it was made
     return _writable(metric, counters)
 
 
@@ -314,8 +353,9 @@ def record(metric: Any, kind: Check, flag: Tensor, report_at_once: Callable[[], 
                 report_at_once()
             return True
         return False
-    counters = metric.__dict__.get(STATE)
-    if counters is not None and metric.__dict__.get(KINDS) == (kind,) and not read_only(counters):
+    attributes = metric.__dict__
+    counters, checks = attributes.get(STATE), attributes.get(CHECKS)
+    if counters is not None and checks is not None and checks.kinds == (kind,) and not read_only(counters):
         counters.add_(flag)  # the common case, once per update: one counter, no slot to index
         return True
     counters = _ensure_counters(metric, kind)
@@ -378,28 +418,20 @@ def _surely_zero(counters: Tensor) -> bool:
     return entry is not None and entry[0]() is counters and entry[1] == counters._version
 
 
-#: the metrics held by a wrapper now (:func:`held`): ``id(metric)`` -> the number of holds. Kept outside the metric,
-#: so that a copy or a pickle made inside a hold is not held.
-_holds: dict[int, int] = {}
-
-
 def is_held(metric: Any) -> bool:
-    """Whether a wrapper holds ``metric`` now (:func:`held`)."""
-    return id(metric) in _holds
+    """Whether a wrapper holds ``metric`` now (:func:`held`): counted in its :class:`DeferredChecks`."""
+    checks = metric.__dict__.get(CHECKS)
+    return checks is not None and checks.holds > 0
 
 
 def hold(metric: Any) -> None:
     """Hold ``metric`` until :func:`release` (:func:`held` is the context manager; this pair serves ``forward``)."""
-    key = id(metric)
-    _holds[key] = _holds.get(key, 0) + 1
+    _checks_of(metric).holds += 1
 
 
 def release(metric: Any) -> None:
     """End one :func:`hold` of ``metric``."""
-    key = id(metric)
-    count = _holds.pop(key) - 1
-    if count:
-        _holds[key] = count
+    metric.__dict__[CHECKS].holds -= 1
 
 
 @contextmanager
@@ -457,8 +489,8 @@ class _Reader:
     """The asynchronous read of one metric's counters: a device snapshot, its host copy and the event that says when.
 
     On CUDA the host copy is pinned memory written with ``non_blocking=True`` and the event is recorded on the
-    counters' device; on a simulated device the copy is ready at once. Kept outside the metric (by ``id``), so that
-    copies and pickles of the metric never carry buffers or events: a copy reports its counters through its own.
+    counters' device; on a simulated device the copy is ready at once. Held by the metric's :class:`DeferredChecks`,
+    which copies and pickles of the metric do not carry: a copy reports its counters through a reader of its own.
     """
 
     def __init__(self, counters: Tensor) -> None:
@@ -503,18 +535,15 @@ class _Reader:
         return counts
 
 
-_readers: dict[int, tuple[weakref.ref, _Reader]] = {}
-
-
 def _reader(metric: Any, counters: Tensor, create: bool = True) -> _Reader | None:
-    key = id(metric)
-    entry = _readers.get(key)
-    if entry is not None and entry[0]() is metric and entry[1].device_index == counters.get_device():
-        return entry[1]
+    """The reader of ``metric``'s ``counters`` (a new one where the counters moved to another device)."""
+    checks = _checks_of(metric)
+    reader = checks.reader
+    if reader is not None and reader.device_index == counters.get_device():
+        return reader
     if not create:
         return None
-    reader = _Reader(counters)
-    _readers[key] = (weakref.ref(metric, lambda _, key=key: _readers.pop(key, None)), reader)
+    checks.reader = reader = _Reader(counters)
     return reader
 
 
@@ -531,7 +560,7 @@ def _report(kinds: Sequence[Check], counts: Sequence[int]) -> None:
 
 def _quiet_time(metric: Any) -> bool:
     """Whether nothing may be read now: inside ``forward``, while tracing, or held by a wrapper (:func:`held`)."""
-    return inside_forward(metric) or is_compiling() or id(metric) in _holds
+    return inside_forward(metric) or is_compiling() or is_held(metric)
 
 
 def sweep(metric: Any) -> None:
@@ -545,12 +574,11 @@ def sweep(metric: Any) -> None:
     counters = attributes.get(STATE)
     if counters is None or reads_are_free(counters):  # first: the common case, at the end of every CPU update
         return
-    kinds = attributes.get(KINDS)
-    if not kinds or _quiet_time(metric):
+    checks = attributes.get(CHECKS)
+    if checks is None or not checks.kinds or _quiet_time(metric):
         return
-    entry = _readers.get(id(metric))
-    if entry is not None and entry[0]() is metric:
-        reader = entry[1]
+    known = reader = checks.reader
+    if reader is not None:
         if reader.in_flight:
             # the common case on a GPU a step behind: the copy is still on its way, and there is nothing else to do
             reader.age += 1
@@ -565,7 +593,7 @@ def sweep(metric: Any) -> None:
     reader = _reader(metric, counters)
     counts: list[int] = []
     if reader.in_flight:
-        if entry is None or entry[1] is not reader:  # not aged above: a new reader (another device)
+        if reader is not known:  # not aged above: a new reader (another device)
             reader.age += 1
         if reader.ready():
             counts = reader.take(counters)
@@ -576,7 +604,7 @@ def sweep(metric: Any) -> None:
         if not any(counts) and reader.ready():  # a simulated device: the copy has arrived already
             counts = reader.take(counters)
             mark_zero(counters)  # launched and taken with nothing in between: all of it was consumed
-    _report(kinds, counts)
+    _report(checks.kinds, counts)
 
 
 def _reports_at_sync(metric: Any) -> bool:
@@ -597,9 +625,8 @@ def take_pending(metric: Any) -> list[int] | None:
     counters = metric.__dict__.get(STATE)
     if counters is None:
         return None
-    kinds = metric.__dict__.get(KINDS)
     # quiet time before ``_surely_zero``: traced, its read of the tensor's version would break the graph
-    if not kinds or _quiet_time(metric) or _surely_zero(counters):
+    if not kinds_of(metric) or _quiet_time(metric) or _surely_zero(counters):
         return None
     if not reads_are_free(counters) and _instrumentation.simulating_device():
         # on a GPU this read waits for the queued work; the wait is attributed to whoever asked for the read
@@ -639,7 +666,7 @@ def take_pending_many(metrics: Sequence[Any]) -> list[list[int] | None]:
     to_read: dict[torch.device, list[tuple[int, Tensor]]] = {}
     for index, metric in enumerate(metrics):
         counters = metric.__dict__.get(STATE)
-        if STATE not in metric._defaults or counters is None or not metric.__dict__.get(KINDS):
+        if STATE not in metric._defaults or counters is None or not kinds_of(metric):
             continue
         if _quiet_time(metric) or _surely_zero(counters):
             continue

@@ -154,12 +154,12 @@ def _fill_overflow(metric: Any, value: Tensor, weight: Tensor | None = None) -> 
     for x in written:
         check = _FILL_OVERFLOW.get(x.dtype)
         if check is not None and abs(fill) > torch.finfo(x.dtype).max:
-            return metric.__dict__[_deferred.KINDS][0] if _reports_fill_overflow(metric) else check
+            return _deferred.kinds_of(metric)[0] if _reports_fill_overflow(metric) else check
     return None
 
 
 def _reports_fill_overflow(metric: Any) -> bool:
-    kinds = metric.__dict__.get(_deferred.KINDS)
+    kinds = _deferred.kinds_of(metric)
     return bool(kinds) and kinds[0] in _FILL_OVERFLOW_KINDS
 
 

@@ -685,10 +685,10 @@ def _family_kinds(self: Any) -> tuple[_deferred.Check, ...]:
 
 
 def _refresh_kinds(self: Any) -> None:
-    """Give a metric made before the patch its counters (a tuple comparison per update otherwise: no Python call)."""
+    """Give a metric made before the patch its counters (a tuple comparison per update otherwise)."""
     # ``!=``, not ``is not``: dynamo traces tuple equality (this runs in compiled computes), and the elements are the
     # same objects, so the comparison calls no ``__eq__``
-    if self.__dict__.get(_deferred.KINDS) != FAMILY_KINDS:
+    if _deferred.kinds_of(self) != FAMILY_KINDS:
         _deferred.keep_kinds(self, FAMILY_KINDS, size=len(FAMILY_KINDS))
 
 
