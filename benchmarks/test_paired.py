@@ -31,7 +31,7 @@ time slice (a first run measured 8.0 ms per ``update`` at 100 classes x batch 10
 
 Both sides start every block from the same one-update state (list states, e.g. ``CatMetric``, would otherwise grow
 with the rounds). In the test environments (``--benchmark-disable``) each test runs one round, as a check that every
-call works in both modes and that the patched and stock states agree.
+call works in both modes and that the patched and stock states agree (but the pairs in ``_TIMED_ONLY``).
 
 """
 
@@ -67,6 +67,11 @@ WARM_CALLS = 20
 WARM_SECONDS = 5e-3
 CLASS_COUNTS = (10, 100, 1000)
 BATCH_SIZES = (32, 256, 1024)
+_LARGE_CONFUSION_MATRIX = "ConfusionMatrix(task='multiclass', num_classes=10000)"
+#: pairs the test environments' one-round check leaves to ``tox -e bench``: the forward of a 10000-class confusion
+#: matrix copies and merges its 800 MB state, stock and patched alike (27 s of CI's 60 s benchmark check); the update
+#: of the same size is still checked there
+_TIMED_ONLY = {(_LARGE_CONFUSION_MATRIX, 128, "forward")}
 #: (configuration, batch size) of the realistic-size pairs
 SIZED: tuple[tuple[Config, int], ...] = (
     *(
@@ -99,7 +104,7 @@ SIZED: tuple[tuple[Config, int], ...] = (
         for batch in (32, 256)
     ),
     # stock counts a new C x C matrix per update (800 MB here), the patched update counts into the state
-    (Config("ConfusionMatrix(task='multiclass', num_classes=10000)"), 128),
+    (Config(_LARGE_CONFUSION_MATRIX), 128),
     # HingeLoss and the PR-curve family's binned update (AUROC; stock's N x C x T comparisons vs bucketize)
     *(
         (Config(spec.format(classes=classes)), batch)
@@ -319,6 +324,8 @@ def test_paired_host_time(benchmark: Any, config: Config, call: str) -> None:
 @pytest.mark.parametrize("call", ("update", "forward"))
 @pytest.mark.parametrize(("config", "batch"), SIZED, ids=[f"{c.label} batch {b}" for c, b in SIZED])
 def test_paired_host_time_at_size(benchmark: Any, config: Config, batch: int, call: str) -> None:
+    if benchmark.disabled and (config.spec, batch, call) in _TIMED_ONLY:
+        pytest.skip("timed by `tox -e bench` only: too heavy for the one-round check")
     info = {"config": f"{config.label} batch {batch}", "call": call, "area": config.area, "batch": batch}
     _measure_pair(benchmark, _metric_side(config, call, batch), info)
 
