@@ -143,13 +143,9 @@ class DeferredChecks:
         self.reader: _Reader | None = None
         self.holds = 0
 
-    def __copy__(self) -> DeferredChecks:
-        return DeferredChecks(self.kinds)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> DeferredChecks:
-        return DeferredChecks(self.kinds)
-
     def __reduce__(self) -> tuple[Any, tuple[tuple[Check, ...]]]:
+        # ``copy.copy``, ``copy.deepcopy`` and ``pickle`` all rebuild from this: the kinds (checks pickle by key, so
+        # a deep copy keeps the same objects), a new reader and no hold
         return DeferredChecks, (self.kinds,)
 
     def __repr__(self) -> str:
