@@ -7,7 +7,10 @@ tests are the fast part that runs in every environment of the matrix: they need 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,6 +137,34 @@ def test_each_pull_request_applies_on_exactly_the_ones_it_names(
         commits = series.apply(checkout, check=True, names=series.with_needs(pr))
         assert len(commits) == len(series.patch_files(names=series.with_needs(pr))), pr.name
         assert ("CHANGELOG.md left out" in capsys.readouterr().out) != on_master, pr.name
+
+
+def _multiclass_syncs(tree: Path) -> dict[str, int]:
+    """The probe's would-be syncs of multiclass stat-score updates of ``tree``'s TorchMetrics."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tree / "src"), str(TOOLS.parent)))}
+    run = subprocess.run(
+        [sys.executable, str(TOOLS / "multiclass_scaling.py")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)["syncs"]
+
+
+@needs_snapshots
+def test_the_multiclass_counting_pull_request_alone_reads_nothing_in_the_counting(checkout: Path, snapshot: Path):
+    """``08-multiclass-stat-score-counting`` on master alone: the updates the probe sees syncing there read nothing.
+
+    The validation is not that pull request's (it still reads label inputs); score inputs, which it does not check,
+    show the counting alone.
+    """
+    if not snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0])):
+        pytest.skip("measured on master, which the pull request is made against")
+    before = _multiclass_syncs(checkout)
+    series.apply(checkout, names=["08-multiclass-stat-score-counting"])
+    after = _multiclass_syncs(checkout)
+    assert before.keys() == after.keys()
+    assert sum(before.values()) > 0
+    assert before["macro, validate_args=False"] > 0 and before["macro, samplewise, validate_args=False"] > 0
+    assert all(count == 0 for count in after.values()), after
 
 
 def test_diff_lines_are_the_lines_a_diff_adds_or_removes():
