@@ -49,7 +49,7 @@ import pytest
 import torch
 import torchmetrics
 
-from torchmetrics_syncfree import _deferred, _registry
+from torchmetrics_syncfree import _instrumentation, _registry
 from torchmetrics_syncfree.tools import census
 from torchmetrics_syncfree.tools.allocations import allocated_by
 from torchmetrics_syncfree.tools.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
@@ -277,12 +277,12 @@ def _measure_pair(
 
 @contextmanager
 def _device_path(enabled: bool) -> Iterator[None]:
-    previous = _deferred.device_path_forced()
-    _deferred.force_device_path(enabled or previous)
+    previous = _instrumentation.device_path_forced()
+    _instrumentation.force_device_path(enabled or previous)
     try:
         yield
     finally:
-        _deferred.force_device_path(previous)
+        _instrumentation.force_device_path(previous)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import torchmetrics_syncfree
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 L = pytest.importorskip("lightning")
 torchmetrics = pytest.importorskip("torchmetrics")
@@ -272,10 +272,10 @@ def evaluate(sequence: str, patch: bool, device_path: bool, inference_mode: bool
     recorder = EvalRecorder()
     logger = RecordingLogger()
     results: list[tuple[str, dict[str, float]]] = []
-    forced = _deferred.device_path_forced()
+    forced = _instrumentation.device_path_forced()
     context = torchmetrics_syncfree.patched() if patch else contextlib.nullcontext()
     with context:
-        _deferred.force_device_path(device_path)
+        _instrumentation.force_device_path(device_path)
         try:
             module = EvalModule(update_logged)
             trainer = L.Trainer(
@@ -291,7 +291,7 @@ def evaluate(sequence: str, patch: bool, device_path: bool, inference_mode: bool
                 outcome = getattr(trainer, call)(module, **({} if call == "fit" else {"verbose": False}))
                 results += [(call, result) for result in outcome or ()]
         finally:
-            _deferred.force_device_path(forced)
+            _instrumentation.force_device_path(forced)
     return {"ends": recorder.ends, "logged": logger.calls, "forward": module.forward_values, "results": results}
 
 

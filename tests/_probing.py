@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 
 def _cpu_half_math() -> bool:
@@ -45,12 +45,12 @@ def on_path(path: str) -> Iterator[None]:
     if path == "cpu":
         yield
         return
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     try:
-        with _deferred.simulated_copy_delay(None if path == "device-in-flight" else 0):
+        with _instrumentation.simulated_copy_delay(None if path == "device-in-flight" else 0):
             yield
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
 
 
 def assert_sync_free_life(metric: Any, batches: Sequence[tuple[Any, ...]], updates: int = 1) -> None:

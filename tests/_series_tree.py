@@ -144,12 +144,12 @@ def _simulate_device(deferred: ModuleType) -> None:
 
     While a CPU probe is active or the device path is forced (``--syncfree-device-path``), CPU tensors take the tree's
     accelerator path: ``reads_are_free`` answers false, the host copy of a sweep arrives after the layer's
-    :func:`~torchmetrics_syncfree._deferred.simulated_copy_delay` (read quietly: on a GPU it is pinned memory read
-    after its event), and a read by ``compute``/``reset`` that finds pending counts is the host wait it is on a GPU.
-    The tree's counting, reporting and consumption are what run.
+    :func:`~torchmetrics_syncfree._instrumentation.simulated_copy_delay` (read quietly: on a GPU it is pinned memory
+    read after its event), and a read by ``compute``/``reset`` that finds pending counts is the host wait it is on a
+    GPU. The tree's counting, reporting and consumption are what run.
     """
     from torchmetrics_syncfree import _deferred as layer
-    from torchmetrics_syncfree import probe
+    from torchmetrics_syncfree import _instrumentation, probe
 
     reads_are_free, sweep, take_pending = deferred.reads_are_free, deferred.sweep, deferred.take_pending
     add_checks = deferred.add_checks
@@ -157,7 +157,7 @@ def _simulate_device(deferred: ModuleType) -> None:
     launch, take = reader_class.launch, reader_class.take
 
     def simulated_reads_are_free(tensor: Any) -> bool:  # the layer's _deferred.reads_are_free
-        return reads_are_free(tensor) and not layer.device_path_forced() and not probe.simulating_device()
+        return reads_are_free(tensor) and not _instrumentation.simulating_device()
 
     def reader_of(metric: Any) -> Any:
         checks = metric.__dict__.get(deferred.CHECKS)
@@ -170,7 +170,9 @@ def _simulate_device(deferred: ModuleType) -> None:
         reader = reader_of(metric)
         if reader is not None and reader.in_flight:
             reader.age += 1
-        deferred.COPY_INTERVAL = layer._copy_interval  # the tests' interval (``_deferred.copy_interval``)
+        hooks = _instrumentation.hooks  # the tests' interval (``_instrumentation.copy_interval``)
+        interval = None if hooks is None else hooks.copy_interval
+        deferred.COPY_INTERVAL = layer.COPY_INTERVAL if interval is None else interval
         sweep(metric)
         reader, counters = reader_of(metric), metric.__dict__.get(deferred.STATE)
         if reader is not None and reader.event is None and not reader.in_flight and counters is not None:
@@ -186,7 +188,9 @@ def _simulate_device(deferred: ModuleType) -> None:
 
     def simulated_ready(self: Any) -> bool:
         if self.event is None:
-            return layer._simulated_delay is not None and getattr(self, "age", 0) >= layer._simulated_delay
+            hooks = _instrumentation.hooks
+            delay = 0 if hooks is None else hooks.copy_delay
+            return delay is not None and getattr(self, "age", 0) >= delay
         return self.event.query()
 
     def quiet_take(self: Any, counters: Any) -> Any:

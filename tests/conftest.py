@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchmetrics_syncfree
-from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree import _instrumentation
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with `tox -e gpu`)")
 
@@ -45,7 +45,7 @@ def _a_host_copy_per_sweep() -> Iterator[None]:
     The default interval (``_deferred.COPY_INTERVAL`` sweeps between copies) has its own tests
     (``tests/test_deferred_lifecycle.py``, ``-k copy_interval``); the integration and upstream suites run with it.
     """
-    with _deferred.copy_interval(1):
+    with _instrumentation.copy_interval(1):
         yield
 
 

@@ -24,7 +24,7 @@ from tests._aggregation_cases import (
     stock_is_wrong,
 )
 from tests.conftest import cuda
-from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree import _instrumentation
 from torchmetrics_syncfree.probe import SyncProbe
 
 t = torch.tensor
@@ -213,7 +213,7 @@ def test_error_on_the_device_path_leaves_the_batch_out_and_loses_nothing(delay):
     that update's own work is done, and the NaN batch never reaches the state."""
     batches = [t([1.0, 2.0]), t([NAN, 5.0]), t([3.0]), t([4.0])]
     raised_at = []
-    with torchmetrics_syncfree.patched(), _deferred.simulated_copy_delay(delay):
+    with torchmetrics_syncfree.patched(), _instrumentation.simulated_copy_delay(delay):
         metric = MeanMetric(nan_strategy="error")
         with SyncProbe() as probe:
             for step, batch in enumerate(batches):
@@ -229,7 +229,7 @@ def test_error_on_the_device_path_leaves_the_batch_out_and_loses_nothing(delay):
 
 def test_error_on_the_device_path_surfaces_at_compute_at_the_latest():
     batch, clean = t([NAN]), t([2.0])
-    with torchmetrics_syncfree.patched(), _deferred.simulated_copy_delay(None):
+    with torchmetrics_syncfree.patched(), _instrumentation.simulated_copy_delay(None):
         metric = SumMetric(nan_strategy="error")
         with SyncProbe() as probe:
             metric.update(batch)
@@ -244,7 +244,11 @@ def test_error_on_the_device_path_surfaces_at_compute_at_the_latest():
 @pytest.mark.parametrize("delay", [0, 1, None])
 def test_warnings_on_the_device_path_are_never_lost(delay):
     batch = t([NAN, 1.0])
-    with torchmetrics_syncfree.patched(), pytest.warns(UserWarning) as caught, _deferred.simulated_copy_delay(delay):
+    with (
+        torchmetrics_syncfree.patched(),
+        pytest.warns(UserWarning) as caught,
+        _instrumentation.simulated_copy_delay(delay),
+    ):
         metric = MaxMetric(nan_strategy="warn")
         with SyncProbe() as probe:
             for _ in range(3):
@@ -384,7 +388,11 @@ def _fill_overflow_run(metric_cls: type, patched: bool, delay: int | None) -> tu
     batches = [t([1.0, 2.0], dtype=torch.float16), t([NAN, 4.0], dtype=torch.float16), t([3.0], dtype=torch.float16)]
     errors = []
     context = torchmetrics_syncfree.patched() if patched else contextlib.nullcontext()
-    with context, _deferred.simulated_copy_delay(delay), SyncProbe() if delay != "cpu" else contextlib.nullcontext():
+    with (
+        context,
+        _instrumentation.simulated_copy_delay(delay),
+        SyncProbe() if delay != "cpu" else contextlib.nullcontext(),
+    ):
         metric = metric_cls(nan_strategy=1e5)
         for batch in batches:
             try:

@@ -58,20 +58,20 @@ def _breadth_world(rank: int, world_size: int) -> dict[str, Any]:
     import warnings
 
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     out: dict[str, Any] = {}
     warnings.simplefilter("ignore")  # which warnings reach the user, and when, is tested per area
     for name in filter(_runnable, BREADTH_CLASSES):
         out[f"{name} stock"] = _life(name, rank)
         with torchmetrics_syncfree.patched():
-            _deferred.force_device_path(True)
+            _instrumentation.force_device_path(True)
             try:
                 out[f"{name} device"] = _life(name, rank)
-                with _deferred.simulated_copy_delay(None):
+                with _instrumentation.simulated_copy_delay(None):
                     out[f"{name} in-flight"] = _life(name, rank)
             finally:
-                _deferred.force_device_path(False)
+                _instrumentation.force_device_path(False)
     return out
 
 

@@ -28,7 +28,7 @@ from torchmetrics.classification import (
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, assert_identical, parity, pending_checks
 from tests._probing import graph_breaks
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.classification.group_fairness import GROUPS_OUTSIDE
 
 LABELS = 5
@@ -199,7 +199,7 @@ def test_update_forward_and_compute_are_sync_free(syncfree: Any, copy_state: str
     """0 would-be syncs in update and forward (and compute, once the counters' copy has arrived), except the one read
     of BinaryFairness' keys; with the copy in flight as well as arrived."""
     counts = {}
-    with _deferred.simulated_copy_delay(COPY[copy_state]):
+    with _instrumentation.simulated_copy_delay(COPY[copy_state]):
         for name, (metric, batch) in _all_metrics().items():
             calls = {"update": lambda m=metric, b=batch: m.update(*b), "forward": lambda m=metric, b=batch: m(*b)}
             if copy_state == "arrived":
@@ -322,7 +322,7 @@ def test_invalid_batch_is_reported_later_and_left_out(syncfree: Any) -> None:
     reference = BinaryGroupStatRates(GROUPS)
     reference.update(preds, target, groups)
     metric = BinaryGroupStatRates(GROUPS)
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(preds, target, groups)
         metric.update(preds, target, groups + 1)
         assert pending_checks(metric) == 1

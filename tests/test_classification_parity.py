@@ -27,7 +27,7 @@ from tests._classification_cases import (
     parity,
     pending_checks,
 )
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 
 def _default_case(config: tuple) -> Case:
@@ -171,7 +171,7 @@ def test_invalid_input_raises_stock_error_type(case: str) -> None:
         with pytest.raises(expected, match=names):
             _invalid_metric(case).update(preds, target)
         metric = _invalid_metric(case)
-        with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
+        with _instrumentation.simulated_copy_delay(None), SyncProbe() as probe:
             metric.update(preds, target)
         assert probe.count == 0, probe.summary()
         with pytest.raises(expected, match=names):
@@ -191,7 +191,7 @@ def test_invalid_batch_on_device_is_left_out_and_reported_once(syncfree: Any, us
     metric = _invalid_metric("binary")
     reference = _invalid_metric("binary")
     call = metric if use_forward else metric.update
-    with _deferred.simulated_copy_delay(1), SyncProbe():
+    with _instrumentation.simulated_copy_delay(1), SyncProbe():
         call(preds, target)
         with pytest.raises(RuntimeError, match="`target`"):
             call(preds, valid_target)

@@ -21,7 +21,7 @@ from tests._classification_cases import (
     pending_checks,
 )
 from tests._probing import stock_counts_of_torch_2_13
-from torchmetrics_syncfree import SyncProbe, _deferred, probe
+from torchmetrics_syncfree import SyncProbe, _instrumentation, probe
 
 
 def _events(name: str, device: str) -> dict[str, list[str]]:
@@ -83,7 +83,7 @@ def test_compute_after_plain_updates_waits_only_for_unread_checks(syncfree: Any,
     """compute() reads the check counters only when the copies of the updates have not arrived: then one host wait."""
     metric = make_metric("F1Score", "multiclass", "macro", -1)
     preds, target = batches("multiclass", -1, seed=0)[0]
-    with _deferred.simulated_copy_delay(delay), SyncProbe() as p:
+    with _instrumentation.simulated_copy_delay(delay), SyncProbe() as p:
         metric.update(preds, target)
         metric.update(preds, target)
         metric.compute()
@@ -104,7 +104,7 @@ def test_one_check_per_update(syncfree: Any) -> None:
     """Validation counts a single flag per update (label preds and target together), in the metric's counters."""
     metric = make_metric("Accuracy", "binary", "micro", -1)
     preds, target = torch.tensor([0, 1, 1, 0]), torch.tensor([0, 1, -1, 3])
-    with _deferred.simulated_copy_delay(None), SyncProbe() as p:
+    with _instrumentation.simulated_copy_delay(None), SyncProbe() as p:
         metric.update(preds, target)
         assert pending_checks(metric) == 1
         metric.update(preds, target.clamp(max=1))

@@ -15,7 +15,7 @@ import torchmetrics.functional.clustering.utils as functional_utils
 
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 #: extrinsic metrics (predicted and target labels) whose device path is stock's to the bit
 EXACT = (
@@ -115,7 +115,7 @@ def _syncs(name: str, patched: bool, delay: int | None = 0) -> dict[str, int]:
     data = _batches(name)
     counts = {}
     patch = torchmetrics_syncfree.patched() if patched else contextlib.nullcontext()
-    with patch, _deferred.simulated_copy_delay(delay), warnings.catch_warnings():
+    with patch, _instrumentation.simulated_copy_delay(delay), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         metric = getattr(clustering, name)()
         with SyncProbe() as probe:

@@ -18,7 +18,7 @@ from torch import Tensor
 import torchmetrics_syncfree
 from tests._classification_cases import IGNORE, NUM_CLASSES, PATHS, Case, batches, parity, pending_checks
 from tests._probing import PATHS_WITH_FLIGHT, graph_breaks, on_path
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.tools.allocations import allocated_by
 
 #: (metric, task, extra arguments): every task each metric has and the arguments that change its compute
@@ -170,7 +170,7 @@ def test_invalid_batch_on_the_device_path_is_left_out_and_reported_once(syncfree
 
 def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
     metric = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=3)
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
         metric.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
         assert pending_checks(metric) == 1
@@ -302,7 +302,7 @@ def test_update_traces_without_a_graph_break(task: str) -> None:
 
 def _with_pending_error() -> Any:
     metric = torchmetrics.JaccardIndex(task="multiclass", num_classes=3)  # validate_args set after the base __init__
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
         metric.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
     assert pending_checks(metric) == 1
@@ -320,13 +320,13 @@ def test_copies_carry_the_pending_error(syncfree: Any, duplicate: str) -> None:
         "clone": lambda m: m.clone(),
         "pickle": lambda m: pickle.loads(pickle.dumps(m)),
     }[duplicate](metric)
-    with _deferred.simulated_copy_delay(None), SyncProbe(), pytest.raises(RuntimeError, match="not valid"):
+    with _instrumentation.simulated_copy_delay(None), SyncProbe(), pytest.raises(RuntimeError, match="not valid"):
         twin.compute()
 
 
 def test_reset_reports_the_pending_error_and_the_next_epoch_starts_clean(syncfree: Any) -> None:
     metric = _with_pending_error()
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         with pytest.raises(RuntimeError, match="not valid"):
             metric.reset()
         metric.update(torch.tensor([2, 1]), torch.tensor([2, 1]))
@@ -343,7 +343,7 @@ def test_every_compute_group_member_reports_the_error(syncfree: Any) -> None:
         },
         compute_groups=True,
     )
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         collection.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
         collection.update(torch.tensor([0, 1]), torch.tensor([0, 7]))
         assert len(collection.compute_groups) == 1

@@ -151,9 +151,9 @@ def _states(metric: Metric) -> dict[str, Any]:
 
 def _measure(make: Callable[[], Any], feed: Callable[[Any], None], device_path: bool) -> dict[str, Any]:
     """Build, update, then ``compute()`` once under the counters; for a metric also its synced states."""
-    from torchmetrics_syncfree import SyncProbe, _deferred
+    from torchmetrics_syncfree import SyncProbe, _instrumentation
 
-    _deferred.force_device_path(device_path)
+    _instrumentation.force_device_path(device_path)
     try:
         metric = make()
         feed(metric)
@@ -174,7 +174,7 @@ def _measure(make: Callable[[], Any], feed: Callable[[Any], None], device_path: 
         out["restored"] = all(_equal(_states(m), before[name]) for name, m in _members(metric))
         return out
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
 
 
 def _members(metric: Any) -> list[tuple[str, Metric]]:
@@ -306,9 +306,9 @@ def _special(rank: int, group: Any) -> dict[str, Any]:
     out["idle_labels"] = idle.labels
     idle.unsync()
 
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     try:
         nan_error = MetricCollection(
             {"mean": MeanMetric(nan_strategy="error", process_group=group), "acc": _report_metrics(group)["acc"]}
@@ -323,7 +323,7 @@ def _special(rank: int, group: Any) -> dict[str, Any]:
             out["nan_error"] = type(err).__name__
         out["nan_unsynced"] = all(not m._is_synced for _, m in _members(nan_error))
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
     return out
 
 
@@ -455,9 +455,9 @@ def _on_step_inputs(rank: int, step: int) -> dict[str, torch.Tensor]:
 
 def _forward_steps(make: Callable[[], MetricCollection], rank: int, device_path: bool) -> dict[str, Any]:
     """An ``update`` (forms the compute groups), then forward steps counted; the members' states after each."""
-    from torchmetrics_syncfree import SyncProbe, _deferred
+    from torchmetrics_syncfree import SyncProbe, _instrumentation
 
-    _deferred.force_device_path(device_path)
+    _instrumentation.force_device_path(device_path)
     try:
         collection = make()
         collection.update(**_on_step_inputs(rank, 9))
@@ -474,7 +474,7 @@ def _forward_steps(make: Callable[[], MetricCollection], rank: int, device_path:
         out["compute"] = collection.compute()
         return out
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
 
 
 def _rank_groups(rank: int, group: Any, user_groups: bool, copy_on_rank0: bool) -> dict[str, Any]:

@@ -42,10 +42,10 @@ def _bad_rank_world(rank: int, world_size: int) -> dict[str, Any]:
     )
 
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     torchmetrics_syncfree.patch_all()
-    _deferred.force_device_path(True)  # what every rank of a GPU job does; the copies arrive at once here
+    _instrumentation.force_device_path(True)  # what every rank of a GPU job does; the copies arrive at once here
     out: dict[str, Any] = {}
 
     mean = MeanMetric(nan_strategy="error")
@@ -81,7 +81,7 @@ def _bad_rank_world(rank: int, world_size: int) -> dict[str, Any]:
         out["sum"] = total.compute()
         total.compute()
     out["warnings"] = sum("Will be removed" in str(w.message) for w in caught)
-    _deferred.force_device_path(False)
+    _instrumentation.force_device_path(False)
     return out
 
 
@@ -133,10 +133,10 @@ def _compute_warning_world(rank: int, world_size: int) -> dict[str, Any]:
     from torchmetrics.classification import MulticlassAveragePrecision
 
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     torchmetrics_syncfree.patch_all()
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     metric = MulticlassAveragePrecision(num_classes=3)
     metric.update(*_warning_world_data(rank))
     out: dict[str, Any] = {}
@@ -149,7 +149,7 @@ def _compute_warning_world(rank: int, world_size: int) -> dict[str, Any]:
         out["at_second_compute"] = sum("was `nan`" in str(w.message) for w in caught) - out["at_compute"]
         metric.reset()
         out["total"] = sum("was `nan`" in str(w.message) for w in caught)
-    _deferred.force_device_path(False)
+    _instrumentation.force_device_path(False)
     return out
 
 

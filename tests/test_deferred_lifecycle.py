@@ -25,7 +25,7 @@ from torchmetrics.wrappers import Running
 
 import torchmetrics_syncfree
 from tests import _series_tree
-from torchmetrics_syncfree import _deferred
+from torchmetrics_syncfree import _deferred, _instrumentation
 
 NAN = float("nan")
 NAN_ERROR = "Encountered `nan` values in tensor"
@@ -39,12 +39,12 @@ def path(request: pytest.FixtureRequest) -> Iterator[str]:
         if request.param == "cpu-path":
             yield "cpu"
             return
-        _deferred.force_device_path(True)
+        _instrumentation.force_device_path(True)
         try:
-            with _deferred.simulated_copy_delay(None):
+            with _instrumentation.simulated_copy_delay(None):
                 yield "device"
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
 
 
 def _update_with_nan(metric: Any, path: str, *args: Any) -> None:
@@ -176,13 +176,13 @@ def test_counts_pending_before_a_cpu_forward_stay_pending() -> None:
     counters out (its internal reset must not mark them as read)."""
     with torchmetrics_syncfree.patched():
         metric = SumMetric(nan_strategy="error")
-        _deferred.force_device_path(True)
+        _instrumentation.force_device_path(True)
         try:
-            with _deferred.simulated_copy_delay(None):
+            with _instrumentation.simulated_copy_delay(None):
                 metric.update(t([2.0]))
                 metric.update(t([NAN, 1.0]))  # counted, not reported: the copy never arrives
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
         assert metric(t(3.0)) == 3.0  # reads are free now: the counters are left out of this forward
         with pytest.raises(RuntimeError, match=NAN_ERROR):
             metric.compute()
@@ -327,16 +327,16 @@ def test_subclass_made_before_patching_reports_at_compute(made: str) -> None:
     if made == "before" and os.environ.get(_series_tree.TREE_ENV):
         pytest.skip("metrics made before patch_all() are the layer's: the series has no patch_all()")
     metric = _Doubled(nan_strategy="error") if made == "before" else None
-    with torchmetrics_syncfree.patched(), _deferred.simulated_copy_delay(None):
+    with torchmetrics_syncfree.patched(), _instrumentation.simulated_copy_delay(None):
         metric = metric or _Doubled(nan_strategy="error")
-        _deferred.force_device_path(True)
+        _instrumentation.force_device_path(True)
         try:
             metric.update(t([1.0]))
             metric.update(t([NAN]))
             with pytest.raises(RuntimeError, match=NAN_ERROR):
                 metric.compute()
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
         assert metric.compute() == 2.0
 
 
@@ -407,7 +407,7 @@ def test_copies_and_pickles_carry_the_check_kinds_but_no_reader_and_no_hold() ->
     and an event of the original's counters, and a copy made inside a wrapper's hold is not held)."""
     deferred = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred  # tree mode: the series'
     with torchmetrics_syncfree.patched():
-        _deferred.force_device_path(True)
+        _instrumentation.force_device_path(True)
         try:
             metric = MeanMetric(nan_strategy="error")
             metric.update(t([1.0]))  # the first sweep makes the reader
@@ -430,14 +430,14 @@ def test_copies_and_pickles_carry_the_check_kinds_but_no_reader_and_no_hold() ->
             assert checks.reader is not None
             assert metric.compute() == 1.0
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
 
 
 def test_the_sweep_looks_up_no_reader_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tree mode: the series' sweep and the harness around it (``tests/_series_tree.py``); else the layer's."""
     deferred = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred
     with torchmetrics_syncfree.patched():
-        _deferred.force_device_path(True)
+        _instrumentation.force_device_path(True)
         try:
             metric = MeanMetric(nan_strategy="error")
             metric.update(t([1.0]))  # counters and check kinds in place, a reader registered
@@ -450,7 +450,7 @@ def test_the_sweep_looks_up_no_reader_while_tracing(monkeypatch: pytest.MonkeyPa
             monkeypatch.setattr(deferred, "_is_compiling", lambda: True, raising=False)
             deferred.sweep(metric)
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
 
 
 # ----------------------------------------------------------------------------------------------- the copy interval
@@ -474,13 +474,13 @@ def _copies_per_sweep(updates: int, delay: int | None, batches: Any) -> tuple[in
         launch(self, counters)
 
     with (
-        _deferred.copy_interval(_deferred.COPY_INTERVAL),
+        _instrumentation.copy_interval(_deferred.COPY_INTERVAL),
         torchmetrics_syncfree.patched(),
-        _deferred.simulated_copy_delay(delay),
+        _instrumentation.simulated_copy_delay(delay),
         pytest.MonkeyPatch.context() as monkeypatch,
     ):
         monkeypatch.setattr(reader_class, "launch", counting_launch)
-        _deferred.force_device_path(True)
+        _instrumentation.force_device_path(True)
         try:
             metric = MeanMetric(nan_strategy="warn")
             for step in range(updates):
@@ -493,7 +493,7 @@ def _copies_per_sweep(updates: int, delay: int | None, batches: Any) -> tuple[in
                 metric.compute()
             reported += [updates] * sum("Encountered `nan`" in str(w.message) for w in caught)
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
     return launched, reported
 
 
@@ -528,8 +528,8 @@ def test_copy_interval_restarts_after_a_report() -> None:
     """A problem reported by a sweep is followed by a copy at the next sweep: an error caught by the caller, then the
     metric fed another bad batch, raises again at once (upstream's tests do this), not up to ``COPY_INTERVAL`` updates
     later."""
-    with _deferred.copy_interval(8), torchmetrics_syncfree.patched():
-        _deferred.force_device_path(True)
+    with _instrumentation.copy_interval(8), torchmetrics_syncfree.patched():
+        _instrumentation.force_device_path(True)
         try:
             metric = TweedieDevianceScore(power=1)
             for _ in range(3):
@@ -537,14 +537,14 @@ def test_copy_interval_restarts_after_a_report() -> None:
                     metric.update(t([-1.0, 2.0]), t([1.0, 2.0]))
             metric.update(t([1.0, 2.0]), t([1.0, 2.0]))  # clean: the interval resumes
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
     assert metric.compute() == TweedieDevianceScore(power=1)(t([1.0, 2.0]), t([1.0, 2.0]))
 
 
 def test_copy_interval_restarts_after_an_eager_point() -> None:
     """After ``compute()`` (or ``reset()``) reads the counters, the next update's sweep copies again at once."""
-    with _deferred.copy_interval(8), torchmetrics_syncfree.patched():
-        _deferred.force_device_path(True)
+    with _instrumentation.copy_interval(8), torchmetrics_syncfree.patched():
+        _instrumentation.force_device_path(True)
         try:
             metric = MeanMetric(nan_strategy="warn")
             metric.update(t([1.0]))  # copied at once (a new metric), then 7 quiet sweeps
@@ -555,11 +555,11 @@ def test_copy_interval_restarts_after_an_eager_point() -> None:
                 metric.update(t([NAN, 1.0]))  # its sweep copies at once: reported here
             assert sum("Encountered `nan`" in str(w.message) for w in caught) == 1
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
 
 
 def test_copy_interval_rejects_a_non_positive_interval() -> None:
-    with pytest.raises(ValueError, match="positive"), _deferred.copy_interval(0):
+    with pytest.raises(ValueError, match="positive"), _instrumentation.copy_interval(0):
         pass
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 import torchmetrics_syncfree
 from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
 from tests._probing import assert_sync_free_life, graph_breaks
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 #: (task, multidim_average, ignore_index)
 CONFIGS = [
@@ -150,7 +150,7 @@ def test_invalid_input_raises_stocks_error_type(path: str, average: str, case: s
 def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
     metric = _make("multiclass", "global", None)
     preds, target = INVALID["multiclass target"][1:]
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(preds, torch.zeros_like(target))
         metric.update(preds, target)
         assert pending_checks(metric) == 1

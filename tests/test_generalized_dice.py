@@ -23,7 +23,7 @@ from torchmetrics.segmentation import GeneralizedDiceScore
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
 from tests._probing import assert_sync_free_life, graph_breaks, stock_counts_of_torch_2_13
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 C = 5
 #: 1.8 added ``input_format="mixed"`` (and takes the argmax of float "one-hot" inputs)
@@ -190,7 +190,7 @@ def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: An
     config = ("index", "index", "square", True, True)
     good = _batches("index", seed=6)[0]
     bad = (good[0].clone().index_fill_(0, torch.tensor([0]), C), good[1])
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric = _make(config)
         metric.update(*good)
         metric.update(*bad)
@@ -228,10 +228,10 @@ def _bad_rank_world(rank: int, world_size: int) -> dict[str, Any]:
     from torchmetrics.segmentation import GeneralizedDiceScore
 
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     torchmetrics_syncfree.patch_all()
-    _deferred.force_device_path(True)  # what every rank of a GPU job does; the copies arrive at once here
+    _instrumentation.force_device_path(True)  # what every rank of a GPU job does; the copies arrive at once here
     metric = GeneralizedDiceScore(num_classes=3, input_format="index", per_class=True)
     preds, target = torch.tensor([[[0, 1], [2, 1]]]), torch.tensor([[[0, 1], [2, 2]]])
     metric.update(preds, target)

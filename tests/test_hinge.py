@@ -16,7 +16,7 @@ from torch import Tensor
 import torchmetrics_syncfree
 from tests._classification_cases import NUM_CLASSES, PATHS, Case, parity, pending_checks
 from tests._probing import graph_breaks
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 #: (task, extra arguments) for every mode of the loss
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -143,7 +143,7 @@ def test_invalid_input_raises_stocks_error_type(path: str, case: str) -> None:
 def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
     metric = _make("multiclass", {})
     preds = torch.randn(2, NUM_CLASSES)
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(preds, torch.tensor([0, 1]))
         metric.update(preds, torch.tensor([0, 70]))
         assert pending_checks(metric) == 1

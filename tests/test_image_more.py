@@ -33,7 +33,7 @@ from tests import _series_tree
 from tests._classification_cases import PATHS, assert_identical, parity
 from tests._probing import assert_sync_free_life, stock_counts_of_torch_2_13, syncs_are_errors
 from tests.conftest import cuda
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.image import made_on_device
 from torchmetrics_syncfree.image.scc import _filter_on
 
@@ -150,7 +150,7 @@ def test_functional_parity(path: str) -> None:
 @pytest.mark.parametrize("delay", [None, 0], ids=["copy-in-flight", "copy-arrived"])
 def test_update_forward_and_compute_are_sync_free(syncfree: Any, delay: int | None) -> None:
     cases = _cases()
-    with _deferred.simulated_copy_delay(delay):
+    with _instrumentation.simulated_copy_delay(delay):
         for name in (
             *("ms-ssim", "ms-ssim-3", "ms-ssim-uniform", "ssim", "ssim-3d"),
             *("psnrb", "psnrb-255", "vif", "rase", "scc", "scc-gray"),

@@ -21,7 +21,7 @@ from torchmetrics.wrappers import MinMaxMetric
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, assert_identical
 from tests._probing import graph_breaks
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 KEYS = ("raw", "max", "min")
 
@@ -86,7 +86,7 @@ def test_forward_and_compute_are_sync_free(syncfree: Any, name: str, delay: int 
     make, dtype = CASES[name]
     data = _update_args(name, _batches(dtype, seed=1))
     metric = make()
-    with _deferred.simulated_copy_delay(delay):
+    with _instrumentation.simulated_copy_delay(delay):
         with SyncProbe() as probe:
             metric.update(*data[0])
             for args in data[1:]:

@@ -69,18 +69,18 @@ def _life(metric: Any, batch: Callable[[torch.Generator], tuple[Tensor, Tensor]]
 
 def _misc_world(rank: int, world_size: int) -> dict[str, Any]:
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     out: dict[str, Any] = {}
     for name, (make, batch) in _cases().items():
         out[f"{name} stock"] = _life(make(), batch, rank)
         with torchmetrics_syncfree.patched():
             out[f"{name} patched-cpu"] = _life(make(), batch, rank)  # reads free: checks read at once
-            _deferred.force_device_path(True)
+            _instrumentation.force_device_path(True)
             try:
                 out[f"{name} patched-device"] = _life(make(), batch, rank)
             finally:
-                _deferred.force_device_path(False)
+                _instrumentation.force_device_path(False)
     return out
 
 

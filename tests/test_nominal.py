@@ -23,7 +23,7 @@ from torchmetrics.nominal import CramersV, PearsonsContingencyCoefficient, Theil
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, cuda, parity, pending_checks, run_case
 from tests._probing import syncs_are_errors, warning_messages
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 
 NUM = 5
 COPY = {"arrived": 0, "in_flight": None}
@@ -121,7 +121,7 @@ def test_update_forward_and_compute_are_sync_free(syncfree: Any, copy_state: str
     configuration, with the counters' copy in flight as well as arrived."""
     data = _batches(seed=2)
     counts = {}
-    with warnings.catch_warnings(), _deferred.simulated_copy_delay(COPY[copy_state]):
+    with warnings.catch_warnings(), _instrumentation.simulated_copy_delay(COPY[copy_state]):
         warnings.simplefilter("ignore")
         for cls, kwargs in _configs():
             metric = cls(num_classes=NUM, **kwargs)
@@ -206,7 +206,7 @@ def test_index_outside_the_table_is_reported_once_and_not_counted(syncfree: Any)
     """With the copy in flight the error comes at compute(); the pairs outside the table were not counted."""
     metric = PearsonsContingencyCoefficient(num_classes=NUM)
     good, bad = _batches(seed=5)[3], (torch.tensor([0, 1, 2]), torch.tensor([0, -1, NUM]))
-    with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
+    with _instrumentation.simulated_copy_delay(None), SyncProbe() as probe:
         metric.update(*good)
         metric.update(*bad)
     assert probe.count == 0

@@ -19,7 +19,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 import torchmetrics_syncfree
 from tests._classification_cases import NUM_CLASSES, PATHS, Case, Combining, parity, pending_checks
 from tests._probing import graph_breaks, syncs_are_errors
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.classification import precision_recall_curve
 
 #: thresholds settings: binned with a count, an unsorted list (with a duplicate) and a tensor; and unbinned
@@ -308,7 +308,7 @@ def test_invalid_input_raises_stocks_error_type(path: str, name: str, case: str)
 
 def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
     metric = _make("AveragePrecision", "binary", 5, None)
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(torch.tensor([0.2, 0.7]), torch.tensor([0, 1]))
         metric.update(torch.tensor([0.2, 0.7]), torch.tensor([0, 2]))
         assert pending_checks(metric) == 1
@@ -354,7 +354,7 @@ def test_compute_group_members_and_copies_report_the_pending_error(syncfree: Any
         compute_groups=True,
     )
     good, bad = (torch.tensor([0.2, 0.7]), torch.tensor([0, 1])), (torch.tensor([0.2, 0.7]), torch.tensor([0, 2]))
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         collection.update(*good)
         collection.update(*bad)
         assert len(collection.compute_groups) == 1
@@ -373,16 +373,16 @@ def _micro_curve_world(rank: int, world_size: int) -> dict[str, Any]:
     """Every rank updates a micro-averaged ROC with ``ignore_index=1`` on the device path: its list state keeps the
     ignored rows (``IGNORED_ONE_HOT``), and ``compute`` gathers every rank's rows, then leaves those out."""
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     torchmetrics_syncfree.patch_all()
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     metric = _make("ROC", "multiclass", None, 1, average="micro")
     for preds, target in _batches("multiclass", 1, seed=30 + rank):
         metric.update(preds, target)
     kept = bool((dim_zero_cat(metric.target) == precision_recall_curve.IGNORED_ONE_HOT).any())
     curve = metric.compute()
-    _deferred.force_device_path(False)
+    _instrumentation.force_device_path(False)
     per_class = _make("ROC", "multiclass", None, 1)  # the CPU path: stock's update, the patched compute
     for preds, target in _batches("multiclass", 1, seed=30 + rank):
         per_class.update(preds, target)

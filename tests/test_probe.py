@@ -120,10 +120,10 @@ def test_events_name_the_innermost_library_frame_even_when_a_helper_issues_the_o
 
 def test_a_host_wait_is_attributed_to_the_call_that_asked_for_the_read():
     """The counters' read in ``_deferred`` waits for whoever asked: the event names compute's ``sync_context``."""
-    from torchmetrics_syncfree import _deferred, patched
+    from torchmetrics_syncfree import _deferred, _instrumentation, patched
 
     value = torch.tensor(0.5)
-    with patched(), _deferred.simulated_copy_delay(None):
+    with patched(), _instrumentation.simulated_copy_delay(None):
         metric = MeanMetric()
         metric.update(value)
         with SyncProbe() as probe:

@@ -6,6 +6,7 @@ import ast
 import copy
 import importlib
 import inspect
+import os
 import pickle
 import pydoc
 import subprocess
@@ -22,7 +23,7 @@ import torchmetrics
 from torchmetrics.aggregation import BaseAggregator, CatMetric, MeanMetric, SumMetric
 
 import torchmetrics_syncfree
-from torchmetrics_syncfree import _deferred, _registry
+from torchmetrics_syncfree import _deferred, _instrumentation, _registry
 from torchmetrics_syncfree.probe import SyncProbe
 
 MEAN_UPDATE = "torchmetrics.aggregation.MeanMetric.update"
@@ -291,7 +292,7 @@ def test_a_metric_made_before_patching_reports_deferred_checks_in_compute():
     metric = SumMetric(nan_strategy="error")
     value = torch.tensor([float("nan")])
     torchmetrics_syncfree.patch_all()
-    with _deferred.simulated_copy_delay(None), SyncProbe():  # the device path: the NaN check is only read later
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():  # the device path: the NaN check is only read later
         metric.update(value)
         with pytest.raises(RuntimeError, match="Encountered `nan` values in tensor"):
             metric.compute()
@@ -702,19 +703,45 @@ def test_the_patched_code_never_imports_the_probe():
     assert importers == []
 
 
-def test_a_cpu_probe_installs_its_hooks_while_entered():
-    from torchmetrics_syncfree import _instrumentation
+def _installed_probe() -> object:
+    hooks = _instrumentation.hooks
+    return None if hooks is None else hooks.probe
 
-    assert _instrumentation.hooks is None
+
+def test_a_cpu_probe_installs_its_hooks_while_entered():
+    assert _installed_probe() is None
     assert not _instrumentation.simulating_device()
     with SyncProbe():
-        assert _instrumentation.hooks is not None
+        assert _installed_probe() is not None
         assert _instrumentation.simulating_device()
         assert not _deferred.reads_are_free(torch.zeros(1))
         with SyncProbe():  # nested: the hooks stay until the last one leaves
             pass
         assert _instrumentation.simulating_device()
-    assert _instrumentation.hooks is None
+    assert _installed_probe() is None
+
+
+def test_nothing_is_installed_outside_tests_and_each_switch_installs_the_seam():
+    """Outside tests the hot path's one read of the seam finds ``None``; each switch installs it until undone."""
+    script = (
+        "import torch\n"
+        "from torchmetrics_syncfree import _deferred, _instrumentation as seam\n"
+        "assert seam.hooks is None and _deferred.reads_are_free(torch.zeros(1))\n"
+        "seam.force_device_path(True)\n"
+        "assert seam.hooks is not None and not _deferred.reads_are_free(torch.zeros(1))\n"
+        "seam.force_device_path(False)\n"
+        "assert seam.hooks is None\n"
+        "with seam.simulated_copy_delay(None):\n"
+        "    assert seam.hooks.copy_delay is None and _deferred.reads_are_free(torch.zeros(1))\n"
+        "with seam.copy_interval(3):\n"
+        "    assert seam.hooks.copy_interval == 3\n"
+        "assert seam.hooks is None\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != _instrumentation.DEVICE_PATH_ENV_VAR}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120)
+    env[_instrumentation.DEVICE_PATH_ENV_VAR] = "1"
+    forced = "from torchmetrics_syncfree import _instrumentation as seam\nassert seam.device_path_forced()\n"
+    subprocess.run([sys.executable, "-c", forced], check=True, env=env, timeout=120)
 
 
 def test_a_kept_signature_gives_way_to_a_later_override() -> None:

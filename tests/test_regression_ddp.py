@@ -28,10 +28,10 @@ def _regression_world(rank: int, world_size: int) -> dict[str, Any]:
     from torchmetrics.regression import PearsonCorrCoef, R2Score, SpearmanCorrCoef
 
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     torchmetrics_syncfree.patch_all()
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     out: dict[str, Any] = {}
     preds, target = _data(rank)
     with warnings.catch_warnings(record=True) as caught:
@@ -52,7 +52,7 @@ def _regression_world(rank: int, world_size: int) -> dict[str, Any]:
         spearman = SpearmanCorrCoef()
         spearman.update(preds, target)
         out["spearman"] = spearman.compute()
-    _deferred.force_device_path(False)
+    _instrumentation.force_device_path(False)
     return out
 
 

@@ -20,7 +20,7 @@ from tests import _series_tree
 from tests._classification_cases import PATHS, Combining, parity, pending_checks
 from tests._probing import CPU_HALF_MATH, assert_sync_free_life, graph_breaks, warning_messages
 from tests._regression_cases import batches, rounded, with_small_batches
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _deferred, _instrumentation
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, **({"half": torch.half} if CPU_HALF_MATH else {})}
 #: Tweedie powers: each of stock's branches (normal, Poisson, gamma, the general formula below 0, between 1 and 2,
@@ -124,7 +124,7 @@ def test_update_and_forward_are_sync_free_with_the_copy_in_flight(syncfree: Any,
     check counters (Tweedie's invalid values, the Pearson variance warning of ConcordanceCorrCoef), its one read."""
     make, data = SYNC_FREE[name]
     metric = make()
-    with _deferred.simulated_copy_delay(None):
+    with _instrumentation.simulated_copy_delay(None):
         with SyncProbe() as probe:
             metric.update(*data[0])
             for batch in data[1:]:
@@ -167,7 +167,7 @@ def test_tweedie_invalid_values_raise_stocks_error(path: str, power: float) -> N
         assert str(error.value) == str(stock_error.value)
         torch.testing.assert_close(metric.compute(), expected.compute(), rtol=0, atol=0)
         if path == "device":
-            with _deferred.simulated_copy_delay(None):
+            with _instrumentation.simulated_copy_delay(None):
                 metric.update(*bad)
                 assert pending_checks(metric) == 1
                 with pytest.raises(ValueError, match=f"power={power}"):
@@ -235,7 +235,7 @@ def test_copies_compute_as_stock(syncfree: Any) -> None:
             twin._computed = None
             got = twin.compute()
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    with SyncProbe(), _deferred.simulated_copy_delay(None):
+    with SyncProbe(), _instrumentation.simulated_copy_delay(None):
         metric.update(-data[0][0], data[0][1])
         twin = twin_of(metric)
         with pytest.raises(ValueError, match=r"For power=1.5, 'targets' has to be strictly positive"):
@@ -305,7 +305,7 @@ def test_merged_states_compute_as_stocks() -> None:
     for value, reference in zip(got, expected):
         torch.testing.assert_close(value, reference, rtol=0, atol=0)
     make, data = SYNC_FREE["tweedie-1.5"]
-    with torchmetrics_syncfree.patched(), SyncProbe(), _deferred.simulated_copy_delay(None):
+    with torchmetrics_syncfree.patched(), SyncProbe(), _instrumentation.simulated_copy_delay(None):
         first, second = make(), make()
         first.update(*data[0])
         second.update(-data[0][0], data[0][1])

@@ -18,7 +18,7 @@ from torchmetrics import retrieval
 import torchmetrics_syncfree
 from tests._classification_cases import pending_checks
 from tests._probing import graph_breaks
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _deferred, _instrumentation
 
 PATHS = ["cpu", "device"]
 Batch = tuple[Tensor, Tensor, Tensor]  # preds, target, indexes
@@ -244,7 +244,7 @@ def test_invalid_input_raises_stocks_error(path: str, case: str) -> None:
 def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
     metric = retrieval.RetrievalPrecision()
     preds, indexes = torch.tensor([0.2, 0.7, 0.1]), torch.tensor([0, 0, 1])
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric.update(preds, torch.tensor([0, 1, 1]), indexes=indexes)
         metric.update(preds, torch.tensor([0, 3, 1]), indexes=indexes)
         assert pending_checks(metric) == 1
@@ -390,16 +390,16 @@ def test_curves_update_forward_and_compute_are_sync_free(syncfree: Any, label: s
     cls, kwargs = auroc if label == "AUROC" else CURVE_CASES[label]
     data = _batches(3, kwargs.get("ignore_index"))
     metric = cls(**kwargs)
-    with _deferred.simulated_copy_delay(delay), SyncProbe() as probe:
+    with _instrumentation.simulated_copy_delay(delay), SyncProbe() as probe:
         for preds, target, indexes in data[:2]:
             metric.update(preds, target, indexes=indexes)
     assert probe.count == 0, probe.summary()
     reads = 0 if kwargs.get("max_k") or label == "AUROC" else 1
     for preds, target, indexes in data[2:]:
-        with _deferred.simulated_copy_delay(delay), SyncProbe() as probe:
+        with _instrumentation.simulated_copy_delay(delay), SyncProbe() as probe:
             metric(preds, target, indexes=indexes)
         assert probe.count == reads, probe.summary()
-    with _deferred.simulated_copy_delay(delay), SyncProbe() as probe:
+    with _instrumentation.simulated_copy_delay(delay), SyncProbe() as probe:
         metric.compute()
     assert probe.count == reads + (delay is None), probe.summary()
 
@@ -510,10 +510,10 @@ def _retrieval_world(rank: int, world_size: int) -> dict[str, Any]:
     """Every rank updates MRR (ignore_index, device path); rank 1 also an invalid batch, and an "error" metric gets a
     query without a relevant document on rank 1 only: compute() raises on every rank, then gives stock's value."""
     import torchmetrics_syncfree
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     torchmetrics_syncfree.patch_all()
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     out: dict[str, Any] = {}
     metric = retrieval.RetrievalMRR(ignore_index=-1)
     strict = retrieval.RetrievalMRR(empty_target_action="error")
@@ -521,7 +521,7 @@ def _retrieval_world(rank: int, world_size: int) -> dict[str, Any]:
         metric.update(preds, target, indexes=indexes)
     strict.update(torch.tensor([0.5, 0.2]), torch.tensor([1, rank % 2]), indexes=torch.tensor([0, 1 + rank]))
     # as many updates on every rank (stock's list states, dist_reduce_fx=None, are gathered per stored batch)
-    with _deferred.simulated_copy_delay(None):  # not reported before compute()
+    with _instrumentation.simulated_copy_delay(None):  # not reported before compute()
         bad = torch.tensor([0, 2 if rank == 1 else 1])
         metric.update(torch.tensor([0.5, 0.2]), bad, indexes=torch.tensor([100, 100]))
     for name, m in (("mrr", metric), ("strict", strict)):
@@ -532,7 +532,7 @@ def _retrieval_world(rank: int, world_size: int) -> dict[str, Any]:
             out[f"{name}_error"] = str(err)
     out["mrr"] = metric.compute()
     out["strict_synced"] = strict._is_synced
-    _deferred.force_device_path(False)
+    _instrumentation.force_device_path(False)
     return out
 
 

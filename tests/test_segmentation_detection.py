@@ -23,7 +23,7 @@ from torchmetrics.segmentation import HausdorffDistance
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
 from tests._probing import assert_sync_free_life
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.tools.launches import count_launches
 
 C = 3
@@ -62,11 +62,11 @@ def _batches(inputs: str, seed: int, rows: int = 8, cols: int = 8, n: int = 2) -
 
 @contextlib.contextmanager
 def _device_path() -> Any:
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     try:
         yield
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
 
 
 def _make(config: tuple[Any, ...], input_format: str = "index", **kwargs: Any) -> HausdorffDistance:
@@ -102,7 +102,7 @@ def test_update_and_forward_are_sync_free(syncfree: Any) -> None:
     data = _batches("onehot", seed=3)
     assert_sync_free_life(_make(CONFIGS[0], "one-hot"), data)
     metric = _make(CONFIGS[2])
-    with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
+    with _instrumentation.simulated_copy_delay(None), SyncProbe() as probe:
         metric.update(*_batches("index", seed=4)[0])
         metric(*_batches("index", seed=4)[1])
     assert probe.count == 0, probe.events
@@ -181,7 +181,7 @@ def test_invalid_input_raises_stocks_error(path: str, case: str) -> None:
 def test_invalid_batch_is_reported_by_compute_when_the_copy_is_late(syncfree: Any) -> None:
     """Pending after the update, carried by copies and pickles, reported once by compute(); never in the state."""
     good = _batches("index", seed=6)[0]
-    with _deferred.simulated_copy_delay(None), SyncProbe():
+    with _instrumentation.simulated_copy_delay(None), SyncProbe():
         metric = _make(CONFIGS[0])
         metric.update(*good)
         metric.update(*_with_empty_class(*good))
@@ -454,7 +454,7 @@ def test_panoptic_update_and_forward_are_sync_free(syncfree: Any) -> None:
     for name in ("PanopticQuality", "ModifiedPanopticQuality"):
         assert_sync_free_life(_panoptic_metric(name), data)
         metric = _panoptic_metric(name)
-        with _deferred.simulated_copy_delay(None), SyncProbe() as probe:
+        with _instrumentation.simulated_copy_delay(None), SyncProbe() as probe:
             metric.update(*data[0])
             metric(*data[1])
         assert probe.count == 0, probe.events

@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_map
 
 import torchmetrics_syncfree
 from tests._aggregation_cases import TM_GE_1_7
-from torchmetrics_syncfree import SyncProbe, _deferred
+from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.tools import audit
 
 #: every catalogue configuration through a matrix (CI's tree mode leaves it out: the layer runs it on every release)
@@ -170,11 +170,11 @@ def _detached(output: Any) -> Any:
 
 @contextlib.contextmanager
 def _path(path: str) -> Iterator[None]:
-    _deferred.force_device_path(path == "device")
+    _instrumentation.force_device_path(path == "device")
     try:
         yield
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
 
 
 #: areas whose device-path computes sum in another order (documented), and the tolerance of their own parity tests
@@ -321,7 +321,7 @@ def test_strided_and_dtype_updates_of_aggregators_do_not_sync(config: audit.Conf
     nothing on the device path: every layout and dtype, with and without NaN, ``update`` and ``forward``."""
     strategy = getattr(audit.build_metric(config.spec), "nan_strategy", None)
     # a GPU whose copy of the check counters has not arrived: "error" reports at compute(), outside the probe
-    with torchmetrics_syncfree.patched(), warnings.catch_warnings(), _deferred.simulated_copy_delay(None):
+    with torchmetrics_syncfree.patched(), warnings.catch_warnings(), _instrumentation.simulated_copy_delay(None):
         warnings.simplefilter("ignore")
         for case in _cases(config, strategy):
             metric = audit.build_metric(config.spec)

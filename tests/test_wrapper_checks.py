@@ -18,7 +18,7 @@ from torchmetrics.wrappers import BootStrapper, MinMaxMetric, Running
 
 from tests import _series_tree
 from tests._classification_cases import assert_identical
-from torchmetrics_syncfree import SyncProbe, _deferred, patched, registered_areas
+from torchmetrics_syncfree import SyncProbe, _deferred, _instrumentation, patched, registered_areas
 from torchmetrics_syncfree.probe import HOST_WAIT
 
 DELAYS = pytest.mark.parametrize("delay", [0, None], ids=["copy-arrived", "copy-in-flight"])
@@ -52,9 +52,9 @@ def _device_path(delay: int | None, areas: list[str] | None = None) -> Any:
 
     stack = contextlib.ExitStack()
     stack.enter_context(patched(areas=areas) if areas else patched())
-    stack.enter_context(_deferred.simulated_copy_delay(delay))
-    _deferred.force_device_path(True)
-    stack.callback(_deferred.force_device_path, False)
+    stack.enter_context(_instrumentation.simulated_copy_delay(delay))
+    _instrumentation.force_device_path(True)
+    stack.callback(_instrumentation.force_device_path, False)
     return stack
 
 
@@ -81,7 +81,7 @@ def test_update_and_forward_never_wait_for_the_checks(name: str, delay: int | No
 
 def test_the_waits_were_the_wrapped_metrics_resets(syncfree: Any) -> None:
     """Stock's ``Running.update`` run by hand: its ``base_metric.reset()`` waits when the copy is in flight."""
-    with _deferred.simulated_copy_delay(None):
+    with _instrumentation.simulated_copy_delay(None):
         metric = Running(MeanMetric(), window=3)
         with SyncProbe() as probe:
             metric.base_metric.update(*_values(1))
@@ -178,7 +178,7 @@ def test_a_hold_is_explicit_nests_and_stays_with_the_metric_it_holds() -> None:
     """``_deferred.held`` marks the metric itself (stock's ``_defaults`` stay as they are); holds nest, and a copy made
     inside a hold is a metric of its own, not held; a held reset keeps the counters' pending counts."""
     holds = _series_tree.series_module("torchmetrics.utilities.deferred") or _deferred  # the form under test
-    with patched(), SyncProbe(), _deferred.simulated_copy_delay(None):
+    with patched(), SyncProbe(), _instrumentation.simulated_copy_delay(None):
         metric = MulticlassAccuracy(num_classes=5)
         metric.update(*_labels(0, bad=True))
         defaults, pending = metric._defaults, int(getattr(metric, _deferred.STATE).sum())

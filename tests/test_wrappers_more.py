@@ -20,7 +20,7 @@ from torchmetrics.wrappers import BootStrapper, MultioutputWrapper
 from tests._classification_cases import assert_identical
 from tests._probing import graph_breaks
 from tests.test_wrapper_checks import DELAYS, _device_path
-from torchmetrics_syncfree import SyncProbe, _deferred, patched
+from torchmetrics_syncfree import SyncProbe, _instrumentation, patched
 from torchmetrics_syncfree.tools.launches import count_launches
 
 
@@ -126,13 +126,13 @@ def test_bootstrapper_launches_no_more_than_stock() -> None:
         metric.update(*_regression(0))
         return count_launches(metric.update, *_regression(1))[0]
 
-    _deferred.force_device_path(True)
+    _instrumentation.force_device_path(True)
     try:
         stock = launches()
         with patched():
             ours = launches()
     finally:
-        _deferred.force_device_path(False)
+        _instrumentation.force_device_path(False)
     assert ours <= stock, (ours, stock)
 
 

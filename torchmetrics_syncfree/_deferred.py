@@ -27,9 +27,10 @@ Reporting consumes the counts it reports (in place, so copies that share the ten
 update is reported once: a warning per offending update, an error once. Under DDP with ``sync_on_compute`` the
 sweep stays quiet and ``compute()`` reports the synced counts, so either every rank raises or none does.
 
-While a CPU :class:`~torchmetrics_syncfree.probe.SyncProbe` is active, or with :func:`force_device_path` (the pytest
-option ``--syncfree-device-path``, the environment variable :data:`DEVICE_PATH_ENV_VAR`), CPU tensors take the
-device path: what a GPU run does, seen on the CPU.
+While a CPU :class:`~torchmetrics_syncfree.probe.SyncProbe` is active, or with
+:func:`~torchmetrics_syncfree._instrumentation.force_device_path` (the pytest option ``--syncfree-device-path``), CPU
+tensors take the device path: what a GPU run does, seen on the CPU. The switches of that simulation are the test seam
+in :mod:`torchmetrics_syncfree._instrumentation`, read through its one ``hooks`` global.
 
 """
 
@@ -53,19 +54,12 @@ from torchmetrics_syncfree._states import read_only
 STATE = "_deferred_checks"
 #: The instance attribute holding the metric's :class:`DeferredChecks` (the kinds, the reader, the holds).
 CHECKS = "_deferred_check_owner"
-#: Set to ``1`` to take the device path on CPU tensors too (as :func:`force_device_path`).
-DEVICE_PATH_ENV_VAR = "TORCHMETRICS_SYNCFREE_DEVICE_PATH"
-
-_forced = os.environ.get(DEVICE_PATH_ENV_VAR, "") not in ("", "0")
 _THIS_FILE = (os.path.abspath(__file__),)
-#: on a simulated device, the number of sweeps after which a launched copy has arrived (``None``: never)
-_simulated_delay: int | None = 0
 #: Sweeps from one host copy of a metric's counters to the next: a copy is two kernel launches (a device snapshot and
 #: its asynchronous host copy) plus an event, where the sweeps between launch nothing. A problem is reported at most
 #: this many updates (plus the copy's own delay) after it happened, or at the next ``compute()``/``reset()``; the
 #: first update of a metric, and the first after each ``compute()``/``reset()``, is copied at once.
 COPY_INTERVAL = 8
-_copy_interval = COPY_INTERVAL
 
 
 class Check:
@@ -161,48 +155,6 @@ def _checks_of(metric: Any) -> DeferredChecks:
     return checks
 
 
-def force_device_path(enabled: bool) -> None:
-    """Take the device path (counters, reports at eager points) for CPU tensors too; for tests of the GPU path."""
-    global _forced
-    _forced = enabled
-
-
-@contextmanager
-def copy_interval(sweeps: int) -> Iterator[None]:
-    """Start a host copy of the counters every ``sweeps`` sweeps instead of every :data:`COPY_INTERVAL`.
-
-    ``1``: every sweep whose previous copy has arrived (as before the interval). For tests of the timing.
-    """
-    global _copy_interval
-    if sweeps < 1:
-        raise ValueError(f"Expected a positive number of sweeps, got {sweeps}")
-    previous, _copy_interval = _copy_interval, sweeps
-    try:
-        yield
-    finally:
-        _copy_interval = previous
-
-
-@contextmanager
-def simulated_copy_delay(sweeps: int | None) -> Iterator[None]:
-    """On a simulated device, let the host copy of the counters arrive ``sweeps`` sweeps after it was launched.
-
-    ``0`` (the default) is a device that has always finished by the end of the update; ``1`` a GPU that is one step
-    behind the host; ``None`` one that never finishes before ``compute()`` waits for it. For tests of the timing.
-    """
-    global _simulated_delay
-    previous, _simulated_delay = _simulated_delay, sweeps
-    try:
-        yield
-    finally:
-        _simulated_delay = previous
-
-
-def device_path_forced() -> bool:
-    """Whether :func:`force_device_path` (or :data:`DEVICE_PATH_ENV_VAR`) is in effect."""
-    return _forced
-
-
 _is_dynamo_compiling, _compiling_flags = _compat.is_dynamo_compiling, _compat.compiling_flags
 is_compiling = _compat.is_compiling
 
@@ -210,15 +162,14 @@ is_compiling = _compat.is_compiling
 def reads_are_free(tensor: Tensor) -> bool:
     """Whether reading ``tensor`` on the host costs nothing right now.
 
-    True for a CPU tensor in eager code, unless a CPU probe simulates a GPU or the device path is forced. Code that
-    avoids host reads for the GPU's sake may take stock's (or a cheaper) host-reading path when this is true; while
-    ``torch.compile`` traces it is false on every device, so traced code never reads.
+    True for a CPU tensor in eager code, unless tests simulate a GPU (``_instrumentation``: a CPU probe, the forced
+    device path). Code that avoids host reads for the GPU's sake may take stock's (or a cheaper) host-reading path when
+    this is true; while ``torch.compile`` traces it is false on every device, so traced code never reads.
     """
     # the hooks read inline: outside tests none are installed, and this runs several times per update
     hooks = _instrumentation.hooks
     return (
-        not _forced
-        and tensor.is_cpu
+        tensor.is_cpu
         and not (hooks is not None and hooks.simulating_device())
         and not _is_dynamo_compiling()
         and not _compiling_flags._is_compiling_flag
@@ -514,7 +465,9 @@ class _Reader:
 
     def ready(self) -> bool:
         if self.event is None:
-            return _simulated_delay is not None and self.age >= _simulated_delay
+            hooks = _instrumentation.hooks
+            delay = 0 if hooks is None else hooks.copy_delay
+            return delay is not None and self.age >= delay
         return self.event.query()
 
     def take(self, counters: Tensor) -> list[int]:
@@ -527,7 +480,9 @@ class _Reader:
         # after a report the next sweep copies again: a problem seen once tends to come back, and a user who has just
         # been told of one (an error caught, the metric fed again) hears of the next at the next update, not up to
         # ``COPY_INTERVAL`` updates later; clean copies, the common case, keep the interval
-        self.rest = 0 if any(counts) else _copy_interval - 1
+        hooks = _instrumentation.hooks
+        interval = COPY_INTERVAL if hooks is None or hooks.copy_interval is None else hooks.copy_interval
+        self.rest = 0 if any(counts) else interval - 1
         return counts
 
 

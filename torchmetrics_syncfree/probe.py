@@ -356,7 +356,7 @@ class SyncProbe(ContextDecorator):
         if self.device_type == "cpu":
             with _count_lock:
                 _cpu_probes_entered += change
-                _instrumentation.install(_HOOKS if _cpu_probes_entered else None)
+                _instrumentation.install_probe(_HOOKS if _cpu_probes_entered else None)
 
     def __exit__(self, *exc: Any) -> None:
         _active_probes().remove(self)

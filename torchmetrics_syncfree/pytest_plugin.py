@@ -24,10 +24,10 @@ Options:
     against the patched library.
 
 ``--syncfree-device-path``
-    Take the device path on CPU tensors for the whole run (``_deferred.force_device_path``, the environment variable
-    ``TORCHMETRICS_SYNCFREE_DEVICE_PATH=1`` for spawned processes): checks are counted in the metrics' check counters
-    and reported at the end of each update, by ``compute()`` or by ``reset()``, as on a GPU whose copies arrive at
-    once; fixed-shape counting instead of the CPU shortcuts. Without the probe's overhead. With
+    Take the device path on CPU tensors for the whole run (``_instrumentation.force_device_path``, the environment
+    variable ``TORCHMETRICS_SYNCFREE_DEVICE_PATH=1`` for spawned processes): checks are counted in the metrics' check
+    counters and reported at the end of each update, by ``compute()`` or by ``reset()``, as on a GPU whose copies
+    arrive at once; fixed-shape counting instead of the CPU shortcuts. Without the probe's overhead. With
     ``--syncfree-patch``, e.g. to run TorchMetrics' own suites as they would run on a GPU.
 
 ``--syncfree-require-cuda``
@@ -84,10 +84,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--syncfree-device-path"):
         import os
 
-        from torchmetrics_syncfree import _deferred
+        from torchmetrics_syncfree import _instrumentation
 
-        _deferred.force_device_path(True)
-        os.environ[_deferred.DEVICE_PATH_ENV_VAR] = "1"  # spawned processes (DDP tests) take it too
+        _instrumentation.force_device_path(True)
+        os.environ[_instrumentation.DEVICE_PATH_ENV_VAR] = "1"  # spawned processes (DDP tests) take it too
     if config.getoption("--syncfree-patch"):
         import torchmetrics_syncfree
 

@@ -606,7 +606,7 @@ def launch_audit(
     flight (a GPU a step behind: the end-of-update sweep launches no copy while one is under way). Stock TorchMetrics
     must be active.
     """
-    from torchmetrics_syncfree import _deferred
+    from torchmetrics_syncfree import _instrumentation
 
     _require_stock()
     _registry._load_areas()
@@ -616,13 +616,13 @@ def launch_audit(
     if include_catalogue or not specs:
         results += [LaunchResult(config, classes) for classes in class_counts for config in catalogue(classes, classes)]
     for mode in MODES:
-        with _mode(mode), _deferred.simulated_copy_delay(None):
-            _deferred.force_device_path(mode == "patched")
+        with _mode(mode), _instrumentation.simulated_copy_delay(None):
+            _instrumentation.force_device_path(mode == "patched")
             try:
                 for result in results:
                     result.launches[mode], result.ops[mode] = _count_call_launches(result.config)
             finally:
-                _deferred.force_device_path(False)
+                _instrumentation.force_device_path(False)
     return results
 
 

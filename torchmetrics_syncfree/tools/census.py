@@ -8,9 +8,10 @@ would-be syncs of ``update``, ``forward`` and ``compute`` in steady state (after
 
 * ``stock``: TorchMetrics as installed;
 * ``patched``: under :func:`torchmetrics_syncfree.patched`, on the device path
-  (:func:`~torchmetrics_syncfree._deferred.force_device_path`) with the check counters' host copy still in flight
-  (:func:`~torchmetrics_syncfree._deferred.simulated_copy_delay` ``(None)``: a GPU a step behind the host), so that
-  every read of the counters the project's default simulation would find already arrived counts as a host wait.
+  (:func:`~torchmetrics_syncfree._instrumentation.force_device_path`) with the check counters' host copy still in
+  flight (:func:`~torchmetrics_syncfree._instrumentation.simulated_copy_delay` ``(None)``: a GPU a step behind the
+  host), so that every read of the counters the project's default simulation would find already arrived counts as a
+  host wait.
 
 Each remaining sync is attributed to the innermost TorchMetrics or torchmetrics_syncfree frame on its stack (the
 library line responsible, where the op itself may run in a helper) and the op that syncs. Classes that take no
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from torchmetrics_syncfree import _deferred, _registry
+from torchmetrics_syncfree import _instrumentation, _registry
 from torchmetrics_syncfree.probe import HOST_WAIT, SyncEvent, SyncProbe
 from torchmetrics_syncfree.tools import audit
 
@@ -464,12 +465,12 @@ def _mode(mode: str) -> Iterator[None]:
     if mode == "stock":
         yield
         return
-    with _registry.patched(), _deferred.simulated_copy_delay(None):
-        _deferred.force_device_path(True)
+    with _registry.patched(), _instrumentation.simulated_copy_delay(None):
+        _instrumentation.force_device_path(True)
         try:
             yield
         finally:
-            _deferred.force_device_path(False)
+            _instrumentation.force_device_path(False)
 
 
 def _probe(spec: ClassSpec, device: torch.device) -> dict[str, list[SyncEvent]]:
