@@ -24,6 +24,7 @@ import torchmetrics_syncfree
 from tests._classification_cases import PATHS, parity, pending_checks
 from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe, _instrumentation
+from torchmetrics_syncfree.tools.allocations import PEAK_MEASURABLE, peak_allocated_by
 from torchmetrics_syncfree.tools.launches import count_launches
 
 C = 3
@@ -443,8 +444,52 @@ def test_panoptic_parity_with_stock(path: str) -> None:
         ),
         "modified": (lambda: _panoptic_metric(modified), _panoptic_batches(5)),
         "modified 3-d": (lambda: _panoptic_metric(modified), _panoptic_batches(6, shape=(2, 3, 4, 3))),
+        "empty batch": (lambda: _panoptic_metric(pq), _panoptic_batches(13, shape=(0, 4, 4))),
     }
     parity(cases, path=path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("points_per_pass", [36, 80, 1])
+def test_panoptic_update_in_passes_keeps_stocks_states(points_per_pass: int, path: str) -> None:
+    """A batch counted a few samples at a time (one sample of 36 points per pass, two and an uneven last pass, one
+    sample where a sample exceeds the pass) gives stock's states to the bit: the IoUs summed over samples in order."""
+    from torchmetrics_syncfree.detection import panoptic_qualities
+
+    batches = _panoptic_batches(14, shape=(5, 6, 6), unknown=True)
+    for name, kwargs in (("PanopticQuality", {"allow_unknown_preds_category": True}), ("ModifiedPanopticQuality", {})):
+        reference = _panoptic_metric(name, **kwargs)
+        with torchmetrics_syncfree.patched(), _device_path() if path == "device" else contextlib.nullcontext():
+            metric = _panoptic_metric(name, **kwargs)
+            with mock.patch.object(panoptic_qualities, "POINTS_PER_PASS", points_per_pass):
+                for preds, target in batches:
+                    preds = preds if kwargs else preds.clamp(max=2)
+                    reference.update(preds, target)
+                    metric.update(preds, target)
+        for state in ("iou_sum", "true_positives", "false_positives", "false_negatives"):
+            assert torch.equal(getattr(metric, state), getattr(reference, state)), (name, state)
+
+
+@pytest.mark.skipif(not PEAK_MEASURABLE, reason=f"torch {torch.__version__}: a storage's release is not watchable")
+def test_panoptic_update_memory_is_bounded_by_a_pass() -> None:
+    """The temporaries alive at once stay under 96 bytes per point of a pass (65536 points; the same one-pass update
+    held 265 per point of the whole batch), and under stock's for samples of 256 x 256 points."""
+    from torchmetrics_syncfree.detection.panoptic_qualities import POINTS_PER_PASS
+
+    gen = torch.Generator().manual_seed(15)
+
+    def peak_of(shape: tuple[int, ...]) -> tuple[int, int]:
+        preds, target = _panoptic(gen, shape), _panoptic(gen, shape)
+        stock_peak = peak_allocated_by(lambda: _panoptic_metric("PanopticQuality").update(preds, target))
+        with torchmetrics_syncfree.patched():
+            metric = _panoptic_metric("PanopticQuality")
+            return peak_allocated_by(lambda: metric.update(preds, target)), stock_peak
+
+    two_passes, _ = peak_of((8, 128, 128))
+    assert two_passes < 96 * POINTS_PER_PASS, two_passes
+    large_samples, stock_peak = peak_of((2, 256, 256))
+    assert large_samples < 96 * POINTS_PER_PASS, large_samples
+    assert large_samples < stock_peak, (large_samples, stock_peak)
 
 
 def test_panoptic_update_and_forward_are_sync_free(syncfree: Any) -> None:

@@ -27,13 +27,16 @@ another order (float64 last bits). The counts are exact. On the device path the 
 from stock's mean in the last bits (another summation order); where reads are free ``compute`` stays stock's for
 that reason. Input validation (``_validate_inputs``: types and shapes) raises at once, as stock. The functional
 ``panoptic_quality``/``modified_panoptic_quality`` (no metric to report an unknown category through) stay stock's.
-Memory: a few tensors of ``batch * points`` elements (stock: per sample).
+Memory: the batch is counted in passes of at most :data:`POINTS_PER_PASS` points (one sample at least); the
+temporaries alive at once are about 87 bytes per point of a pass (int64 inputs): at most about 6 MB for batches of
+small images, below stock's for large ones (stock's are per sample, 96-320 bytes per point of a sample).
 
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -75,6 +78,12 @@ def _preprocess(metric: Any, inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return category, instance, ~known
 
 
+#: Points counted in one pass. A batch of larger inputs is counted a few samples (at least one) at a time, so that the
+#: update's temporaries (a few dozen tensors of the pass's points at once) stay near stock's, which counts one sample
+#: at a time: in one pass, 8 x 512 x 1024 points would hold about a gigabyte.
+POINTS_PER_PASS = 2**16
+
+
 def _segments(category: Tensor, instance: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per point its segment, numbered over the batch in the lexicographic order of ``(sample, category, instance)``.
 
@@ -86,16 +95,17 @@ def _segments(category: Tensor, instance: Tensor) -> tuple[Tensor, Tensor, Tenso
     batch, points = category.shape
     by_instance = instance.argsort(dim=1, stable=True)
     order = by_instance.gather(1, category.gather(1, by_instance).argsort(dim=1, stable=True))
+    del by_instance  # (here and below: each temporary is dropped once used, so that few are alive at once)
     sorted_category, sorted_instance = category.gather(1, order), instance.gather(1, order)
     new = torch.ones_like(sorted_category, dtype=torch.bool)
     new[:, 1:] = (sorted_category[:, 1:] != sorted_category[:, :-1]) | (
         sorted_instance[:, 1:] != sorted_instance[:, :-1]
     )
+    del sorted_category, sorted_instance
     offsets = torch.arange(batch, device=category.device).unsqueeze(1) * points
-    numbered = new.cumsum(dim=1) - 1 + offsets
+    numbered = new.cumsum(dim=1).sub_(1).add_(offsets)
     segment = torch.empty_like(numbered).scatter_(1, order, numbered).flatten()
-    area = torch.zeros(batch * points, dtype=torch.int64, device=category.device)
-    area.scatter_add_(0, segment, torch.ones_like(segment))
+    area = _sum_per(segment, None, batch * points)
     segment_category = torch.zeros(batch * points, dtype=category.dtype, device=category.device)
     segment_category.scatter_(0, segment, category.flatten())
     return segment, area, segment_category
@@ -109,86 +119,113 @@ def _continuous_ids(metric: Any, category: Tensor) -> Tensor:
     return out
 
 
-def _count(index: Tensor, keep: Tensor, values: Tensor, slots: int) -> Tensor:
-    """``values`` summed per ``index`` where ``keep`` (the others into a dropped extra slot)."""
-    out = torch.zeros(slots + 1, dtype=values.dtype, device=values.device)
-    out.scatter_add_(0, torch.where(keep, index, slots), torch.where(keep, values, 0))
+def _sum_per(index: Tensor, keep: Tensor | None, slots: int, values: Tensor | None = None) -> Tensor:
+    """``values`` summed per ``index``, in the order of the entries, only where ``keep`` if given.
+
+    ``values`` defaults to ones: a count, int32 (a pass has far fewer than 2**31 points), half the memory of int64.
+    The entries not kept go to a dropped extra slot.
+    """
+    if values is None:
+        values = torch.ones((), dtype=torch.int32, device=index.device).expand(index.shape)
+    out = torch.zeros(slots + (keep is not None), dtype=values.dtype, device=index.device)
+    out.scatter_add_(0, index if keep is None else torch.where(keep, index, slots), values)
     return out[:slots]
 
 
-def _panoptic_update(metric: Any, preds: Tensor, target: Tensor, modified: set[int]) -> tuple[Tensor, ...]:
-    """Stock's ``_panoptic_quality_update`` of a batch with fixed shapes (see the module docstring)."""
-    pred_category, pred_instance, unknown = _preprocess(metric, preds)
-    target_category, target_instance, _ = _preprocess(metric, target)
-    batch, points = pred_category.shape
-    slots, num_categories = batch * points, len(metric.cat_id_to_continuous_id)
-    void_category = metric.void_color[0]
-    pred_segment, pred_area, pred_segment_category = _segments(pred_category, pred_instance)
-    target_segment, target_area, target_segment_category = _segments(target_category, target_instance)
-    pred_void = pred_category.flatten() == void_category
-    target_void = target_category.flatten() == void_category
+def _side(metric: Any, inputs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Each point's segment and whether it is void, each segment's area and category; whether a category is unknown."""
+    category, instance, unknown = _preprocess(metric, inputs)
+    segment, area, segment_category = _segments(category, instance)
+    return segment, area, segment_category, category.flatten() == metric.void_color[0], unknown.any()
+
+
+def _pass_counts(metric: Any, preds: Tensor, target: Tensor, points: int, modified: set[int]) -> tuple[Tensor, ...]:
+    """IoU sums, true positives, false positives and false negatives per sample and category of a pass.
+
+    Also whether ``preds`` holds an unknown category. Areas and counts are int32, as :func:`_sum_per` counts: the
+    IoU's division casts them to float32, as it casts stock's int64 areas, so the IoUs are stock's.
+    """
+    pred_segment, pred_area, pred_segment_category, pred_void, unknown = _side(metric, preds)
+    target_segment, target_area, target_segment_category, target_void, _ = _side(metric, target)
+    slots, num_categories = pred_area.numel(), len(metric.cat_id_to_continuous_id)
+    cells, void_category = preds.shape[0] * num_categories, metric.void_color[0]
     # per segment: its points on the other side's void
-    pred_on_void = torch.zeros_like(pred_area).scatter_add_(0, pred_segment, target_void.long())
-    void_on_target = torch.zeros_like(target_area).scatter_add_(0, target_segment, pred_void.long())
+    pred_on_void = _sum_per(pred_segment, None, slots, target_void.int())
+    void_on_target = _sum_per(target_segment, None, slots, pred_void.int())
+    del pred_void, target_void
     # the intersections: unique (pred segment, target segment) pairs, in stock's (unique's) order
-    pair_key, _ = (pred_segment * slots + target_segment).sort()
+    pair_key = (pred_segment * slots + target_segment).sort()[0]
+    del pred_segment, target_segment
     new = torch.ones_like(pair_key, dtype=torch.bool)
     new[1:] = pair_key[1:] != pair_key[:-1]
-    pair = new.cumsum(0) - 1
-    intersection = torch.zeros_like(pred_area).scatter_add_(0, pair, torch.ones_like(pair))
+    pair = new.cumsum(0).sub_(1)
+    del new
+    intersection = _sum_per(pair, None, slots)
     first_key = torch.zeros_like(pair_key).scatter_(0, pair, pair_key)  # equal keys: any write is the same
+    del pair, pair_key
     pred_of_pair, target_of_pair = first_key // slots, first_key % slots
+    del first_key
     category = target_segment_category[target_of_pair]
     eligible = (intersection > 0) & (category != void_category) & (pred_segment_category[pred_of_pair] == category)
-    union = (
-        pred_area[pred_of_pair]
-        - pred_on_void[pred_of_pair]
-        + target_area[target_of_pair]
-        - void_on_target[target_of_pair]
-        - intersection
-    )
+    union = pred_area[pred_of_pair] - pred_on_void[pred_of_pair] + target_area[target_of_pair]
+    union -= void_on_target[target_of_pair] + intersection
     iou = intersection / union
+    del union, intersection
     is_modified = _isin(category, modified)
     matched = eligible & ~is_modified & (iou > 0.5)
     summed = matched | (eligible & is_modified & (iou > 0))
-    continuous = _continuous_ids(metric, category)
-    sample = pred_of_pair // points  # a pair lies in its segments' sample
-    per_sample = sample * num_categories + continuous
-    cells = batch * num_categories
-    iou_sum = _count(per_sample, summed, iou.double(), cells).view(batch, num_categories).cumsum(0)[-1]
-    true_positives = _count(per_sample, matched, torch.ones_like(pair), cells)
+    del eligible, is_modified
+    # a pair lies in its segments' sample
+    cell = (pred_of_pair // points) * num_categories + _continuous_ids(metric, category)
+    del category
+    iou_sum = _sum_per(cell, summed, cells, iou.double())
+    del iou, summed
+    true_positives = _sum_per(cell, matched, cells)
+    del cell
     # unmatched segments: false negatives (targets) and false positives (preds) unless mostly void on the other side
-    target_matched = torch.zeros_like(target_area).scatter_add_(0, target_of_pair, matched.long()) > 0
-    pred_matched = torch.zeros_like(pred_area).scatter_add_(0, pred_of_pair, matched.long()) > 0
-    segment_sample = torch.arange(slots, device=pair.device) // points
-    target_continuous = _continuous_ids(metric, target_segment_category)
-    pred_continuous = _continuous_ids(metric, pred_segment_category)
+    target_matched = _sum_per(target_of_pair, matched, slots) > 0
+    pred_matched = _sum_per(pred_of_pair, matched, slots) > 0
+    del matched, target_of_pair, pred_of_pair
+    segment_sample = torch.arange(slots, device=pred_area.device) // points * num_categories
+    target_cell = segment_sample + _continuous_ids(metric, target_segment_category)
     target_counted = (target_area > 0) & (target_segment_category != void_category)
-    target_counted &= ~_isin(target_segment_category, modified)
-    false_negatives = _count(
-        segment_sample * num_categories + target_continuous,
-        target_counted & ~target_matched & (void_on_target / target_area <= 0.5),
-        torch.ones_like(pair),
-        cells,
-    )
+    target_counted &= ~_isin(target_segment_category, modified) & ~target_matched
+    target_counted &= void_on_target / target_area <= 0.5
+    false_negatives = _sum_per(target_cell, target_counted, cells)
+    del target_counted, target_matched, void_on_target
+    pred_continuous = _continuous_ids(metric, pred_segment_category)
     pred_counted = (pred_area > 0) & (pred_segment_category != void_category)
-    pred_counted &= ~_isin(pred_segment_category, modified) & (pred_continuous >= 0)
-    false_positives = _count(
-        segment_sample * num_categories + pred_continuous,
-        pred_counted & ~pred_matched & (pred_on_void / pred_area <= 0.5),
-        torch.ones_like(pair),
-        cells,
-    )
+    pred_counted &= ~_isin(pred_segment_category, modified) & (pred_continuous >= 0) & ~pred_matched
+    pred_counted &= pred_on_void / pred_area <= 0.5
+    false_positives = _sum_per(segment_sample + pred_continuous, pred_counted, cells)
     if modified:  # every target segment of a modified stuff counts as a true positive
         stuff_segments = (target_area > 0) & _isin(target_segment_category, modified)
-        true_positives = true_positives + _count(
-            segment_sample * num_categories + target_continuous, stuff_segments, torch.ones_like(pair), cells
-        )
+        true_positives = true_positives + _sum_per(target_cell, stuff_segments, cells)
+    counts = (iou_sum, true_positives, false_positives, false_negatives)
+    return (*(per_cell.view(-1, num_categories) for per_cell in counts), unknown)
 
-    def total(counts: Tensor) -> Tensor:
-        return counts.view(batch, num_categories).sum(0).to(torch.int32)
 
-    return iou_sum, total(true_positives), total(false_positives), total(false_negatives), unknown.any()
+def _panoptic_update(metric: Any, preds: Tensor, target: Tensor, modified: set[int]) -> tuple[Tensor, ...]:
+    """Stock's ``_panoptic_quality_update`` of a batch with fixed shapes (see the module docstring).
+
+    Counted in passes of at most :data:`POINTS_PER_PASS` points (one sample at least): one pass where the batch fits.
+    """
+    batch, points = preds.shape[0], math.prod(preds.shape[1:-1])
+    step = max(1, POINTS_PER_PASS // max(points, 1))
+    starts = range(0, batch, step) if batch > step else (0,)
+    passes = [_pass_counts(metric, preds[s : s + step], target[s : s + step], points, modified) for s in starts]
+    if len(passes) == 1:
+        iou_sum, true_positives, false_positives, false_negatives, unknown = passes[0]
+    else:
+        *tables, unknowns = zip(*passes)
+        iou_sum, true_positives, false_positives, false_negatives = (torch.cat(per_pass) for per_pass in tables)
+        unknown = torch.stack(unknowns).any()
+    # the IoUs summed over the samples in order, as stock sums them (an empty batch: zeros, as stock's)
+    iou_sum = iou_sum.cumsum(0)[-1] if batch else iou_sum.sum(0)
+    true_positives, false_positives, false_negatives = (
+        counts.sum(0).to(torch.int32) for counts in (true_positives, false_positives, false_negatives)
+    )
+    return iou_sum, true_positives, false_positives, false_negatives, unknown
 
 
 def _declare_update(name: str, modified_stuffs: bool) -> None:

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,20 +27,31 @@ from torch.utils._pytree import tree_flatten
 
 
 class AllocatedBytes(TorchDispatchMode):
-    """The bytes of the new storages that the ops dispatched while active return (``total``)."""
+    """The bytes of the new storages that the ops dispatched while active return.
+
+    ``total``: all of them; ``peak``: the most of them alive at once (where :data:`PEAK_MEASURABLE`, else 0).
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.total = 0
+        self.total = self.peak = self._alive = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         seen = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
-                self.total += t.untyped_storage().nbytes()
-                seen.add(t.untyped_storage().data_ptr())
+                storage = t.untyped_storage()
+                self.total += storage.nbytes()
+                seen.add(storage.data_ptr())
+                if PEAK_MEASURABLE:
+                    self._alive += storage.nbytes()
+                    self.peak = max(self.peak, self._alive)
+                    weakref.finalize(storage, self._freed, storage.nbytes())
         return out
+
+    def _freed(self, nbytes: int) -> None:
+        self._alive -= nbytes
 
 
 def allocated_by(call: Callable[[], Any]) -> int:
@@ -47,3 +59,32 @@ def allocated_by(call: Callable[[], Any]) -> int:
     with AllocatedBytes() as allocated:
         call()
     return allocated.total
+
+
+def _storages_are_preserved() -> bool:
+    tensor = torch.zeros(1)
+    return tensor.untyped_storage() is tensor.untyped_storage()
+
+
+#: Whether a tensor's storage is one Python object for its whole life (recent torch releases), so that its release can
+#: be watched; older releases make a new object per ``untyped_storage()`` call.
+PEAK_MEASURABLE = _storages_are_preserved()
+
+
+def peak_allocated_by(call: Callable[[], Any]) -> int:
+    """Run ``call()`` once; the most bytes its new tensors held at once (needs :data:`PEAK_MEASURABLE`).
+
+    Example:
+        >>> import torch
+        >>> from torchmetrics_syncfree.tools.allocations import PEAK_MEASURABLE, allocated_by, peak_allocated_by
+        >>> x = torch.zeros(1000)
+        >>> step = lambda: x.add(1).mul(2).sum()  # two temporaries of 4000 bytes alive at once, then a 4-byte sum
+        >>> (allocated_by(step), peak_allocated_by(step) if PEAK_MEASURABLE else 8000)
+        (8004, 8000)
+
+    """
+    if not PEAK_MEASURABLE:
+        raise RuntimeError(f"torch {torch.__version__} makes a new storage object per call: its peak is not watchable")
+    with AllocatedBytes() as allocated:
+        call()
+    return allocated.peak
