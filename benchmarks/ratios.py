@@ -12,7 +12,9 @@ Two measurements per configuration and call, both from the same run:
   two blocks timed back to back (rows measured only this way show the paired blocks' medians per call). On a
   shared VM whose speed drifts, this is the ratio to trust; targets are checked against it where it exists.
 
-The memory ratio is the bytes one call allocates, patched over stock (the pairs' ``patched_bytes``/``stock_bytes``).
+The memory ratio is the bytes one call allocates, patched over stock (the pairs' ``patched_bytes``/``stock_bytes``);
+the peak ratio the most of those bytes alive at once (``patched_peak_bytes``/``stock_peak_bytes``; torch releases
+whose storages are new Python objects per call record no peak).
 
 Targets: aggregation: ``MeanMetric.update(loss)`` <= 0.75, every aggregator call <= 1.05; classification: every
 ``update`` and ``forward`` <= 1.05, also at realistic sizes (10-1000 classes, batch 32-1024: the rows whose
@@ -67,6 +69,8 @@ def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             row["paired_stock"], row["paired_patched"] = info.get("stock_median"), info.get("patched_median")
             if info.get("stock_bytes"):  # the bytes one call allocates, patched over stock
                 row["memory"] = info["patched_bytes"] / info["stock_bytes"]
+            if info.get("stock_peak_bytes"):  # the most of them alive at once
+                row["peak"] = info["patched_peak_bytes"] / info["stock_peak_bytes"]
         else:
             row[info["mode"]] = bench["stats"]["median"]
     rows = [row for row in pairs.values() if ("stock" in row and "patched" in row) or "paired" in row]
@@ -95,8 +99,8 @@ def _cell(value: float | None, fmt: str, scale: float = 1.0) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| configuration | call | stock median (µs) | patched median (µs) | sequential ratio | paired ratio | target"
-        " | memory ratio |",
-        "|---|---|---:|---:|---:|---:|---|---:|",
+        " | memory ratio | peak ratio |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for row in rows:
         goal = row["target"]
@@ -105,7 +109,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['config']} | {row['call']} | {_cell(stock, '.1f', 1e6)}"
             f" | {_cell(patched, '.1f', 1e6)} | {_cell(row['ratio'], '.2f')}"
-            f" | {_cell(row.get('paired'), '.2f')} | {verdict} | {_cell(row.get('memory'), '.3g')} |"
+            f" | {_cell(row.get('paired'), '.2f')} | {verdict} | {_cell(row.get('memory'), '.3g')}"
+            f" | {_cell(row.get('peak'), '.3g')} |"
         )
     return "\n".join(lines)
 

@@ -51,7 +51,7 @@ import torchmetrics
 
 from torchmetrics_syncfree import _instrumentation, _registry
 from torchmetrics_syncfree.tools import census
-from torchmetrics_syncfree.tools.allocations import allocated_by
+from torchmetrics_syncfree.tools.allocations import allocations_of
 from torchmetrics_syncfree.tools.audit import BATCH, CALLS, CATALOGUE, Config, build_metric, make_inputs
 from torchmetrics_syncfree.tools.demo import MetricSet
 
@@ -247,12 +247,12 @@ def _measure_pair(
             torch.testing.assert_close(getattr(patched_metric, name), getattr(stock_metric, name), equal_nan=True)
     if benchmark.disabled:
         return
-    # memory: the bytes of the new tensors of one call (deterministic; an upper bound of the call's peak)
-    stock_bytes = allocated_by(stock.call)
+    # memory: the bytes of the new tensors of one call, and the most of them alive at once (both deterministic)
+    stock_bytes = allocations_of(stock.call)
     _registry.patch_all()
     try:
         with _device_path(device_path):
-            patched_bytes = allocated_by(patched.call)
+            patched_bytes = allocations_of(patched.call)
     finally:
         _registry.unpatch_all()
     patched_rounds = benchmark.stats.stats.data
@@ -266,8 +266,10 @@ def _measure_pair(
             "stock_median": statistics.median(s for s, _ in pairs) / size,
             "patched_median": statistics.median(p for _, p in pairs) / size,
             "ratio": statistics.median(p / s for s, p in pairs),
-            "stock_bytes": stock_bytes,
-            "patched_bytes": patched_bytes,
+            "stock_bytes": stock_bytes.total,
+            "patched_bytes": patched_bytes.total,
+            "stock_peak_bytes": stock_bytes.peak,
+            "patched_peak_bytes": patched_bytes.peak,
             "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "torchmetrics": torchmetrics.__version__,

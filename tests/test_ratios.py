@@ -36,12 +36,14 @@ def _write(tmp_path, benchmarks):
     return path
 
 
-def _paired(config, call, area, ratio, medians=None, allocated=None):
+def _paired(config, call, area, ratio, medians=None, allocated=None, peak=None):
     info = {"config": config, "call": call, "mode": "paired", "area": area, "ratio": ratio}
     if medians is not None:
         info["stock_median"], info["patched_median"] = medians
     if allocated is not None:
         info["stock_bytes"], info["patched_bytes"] = allocated
+    if peak is not None:
+        info["stock_peak_bytes"], info["patched_peak_bytes"] = peak
     return {"group": f"paired :: {call}", "extra_info": info, "stats": {"median": 1e-3}}
 
 
@@ -59,7 +61,9 @@ def test_ratio_table_and_targets(tmp_path, capsys):
             _bench("Accuracy(task='binary')", "compute", "stock", "classification", 50e-6),
             _bench("Accuracy(task='binary')", "compute", "patched", "classification", 60e-6),
             _paired("R2Score()", "update", "regression", 1.5),
-            _paired("F1Score(num_classes=1000) batch 1024", "forward", "classification", 1.2, allocated=(8e6, 2e5)),
+            _paired(
+                "F1Score(num_classes=1000) batch 1024", "forward", "classification", 1.2, None, (8e6, 2e5), (4e6, 4e5)
+            ),
             _paired("report step: MeanMetric(loss) + Accuracy/... batch 128", "update", "step", 1.01, (6e-3, 6.06e-3)),
             {"group": "other", "extra_info": {}, "stats": {"median": 1.0}},
         ],
@@ -74,8 +78,9 @@ def test_ratio_table_and_targets(tmp_path, capsys):
     assert "| Accuracy(task='binary') | compute | 50.0 | 60.0 | 1.20 |  |  |  |" in out  # no compute target
     assert "| R2Score() | update |  |  |  | 1.50 |  |  |" in out
     assert (
-        "| F1Score(num_classes=1000) batch 1024 | forward |  |  |  | 1.20 | <= 1.05 MISSED | 0.025 |" in out
-    )  # the bytes one call allocates
+        "| F1Score(num_classes=1000) batch 1024 | forward |  |  |  | 1.20 | <= 1.05 MISSED | 0.025 | 0.1 |" in out
+    )  # the bytes one call allocates, the most alive at once
+    assert "| R2Score() | update |  |  |  | 1.50 |  |  |  |" in out  # no bytes measured: empty cells
     assert (
         "| report step: MeanMetric(loss) + Accuracy/... batch 128 | update | 6000.0 | 6060.0 |  | 1.01"
         " | <= 1.05 met |  |" in out

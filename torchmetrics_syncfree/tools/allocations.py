@@ -56,9 +56,14 @@ class AllocatedBytes(TorchDispatchMode):
 
 def allocated_by(call: Callable[[], Any]) -> int:
     """Run ``call()`` once; the bytes of the new tensors it made."""
+    return allocations_of(call).total
+
+
+def allocations_of(call: Callable[[], Any]) -> AllocatedBytes:
+    """Run ``call()`` once; the bytes of the new tensors it made (``total``) and the most alive at once (``peak``)."""
     with AllocatedBytes() as allocated:
         call()
-    return allocated.total
+    return allocated
 
 
 def _storages_are_preserved() -> bool:
@@ -85,6 +90,4 @@ def peak_allocated_by(call: Callable[[], Any]) -> int:
     """
     if not PEAK_MEASURABLE:
         raise RuntimeError(f"torch {torch.__version__} makes a new storage object per call: its peak is not watchable")
-    with AllocatedBytes() as allocated:
-        call()
-    return allocated.peak
+    return allocations_of(call).peak
