@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import os
 import pickle
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -21,6 +26,7 @@ from torch import Tensor
 from torchmetrics.segmentation import HausdorffDistance
 
 import torchmetrics_syncfree
+from tests import _series_tree
 from tests._classification_cases import PATHS, parity, pending_checks
 from tests._probing import assert_sync_free_life
 from torchmetrics_syncfree import SyncProbe, _instrumentation
@@ -515,6 +521,22 @@ def test_panoptic_stock_syncs_and_launches() -> None:
         with torchmetrics_syncfree.patched():
             patched_launches = count_launches(_panoptic_metric("PanopticQuality").update, preds, target)[0]
     assert patched_launches < stock_launches, (patched_launches, stock_launches)
+
+
+@pytest.mark.skipif(not PEAK_MEASURABLE, reason=f"torch {torch.__version__}: a storage's release is not watchable")
+@pytest.mark.skipif(bool(os.environ.get(_series_tree.TREE_ENV)), reason="the tool patches with the layer's patch_all()")
+def test_panoptic_memory_tool_measures_both_sides_with_equal_states() -> None:
+    """``tools/panoptic_memory.py`` (the measurements of ``docs/other-metrics.md``) runs and compares the states."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "panoptic_memory.py"
+    run = subprocess.run(
+        [sys.executable, str(tool), "2x8x8", "1x16x16"], capture_output=True, text=True, timeout=300, check=True
+    )
+    rows = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [row["points"] for row in rows] == ["2x8x8", "1x16x16"]
+    for row in rows:
+        assert row["equal_states"], row
+        for side in ("stock", "patched"):
+            assert 0 < row[side]["peak_MB"] <= row[side]["allocated_MB"], row
 
 
 @pytest.mark.parametrize("path", PATHS)
