@@ -18,7 +18,7 @@ from torchmetrics import classification
 import torchmetrics_syncfree
 from tests._probing import PATHS_WITH_FLIGHT, on_path
 from torchmetrics_syncfree import SyncProbe
-from torchmetrics_syncfree.tools.allocations import allocated_by
+from torchmetrics_syncfree.tools.allocations import PEAK_MEASURABLE, allocated_by, peak_allocated_by
 
 #: every multiclass stat-score metric (each a ``MulticlassStatScores`` whose update this counts)
 STAT_SCORE_METRICS = (
@@ -245,6 +245,26 @@ def test_an_update_at_1000_classes_allocates_a_fraction_of_stocks(path: str) -> 
             patched_bytes = allocated_by(lambda: metric.update(preds, target))
     assert stock_bytes > num_classes**2 * 8  # stock's confusion matrix, int64
     assert patched_bytes * 50 < stock_bytes, (patched_bytes, stock_bytes)
+
+
+@pytest.mark.skipif(not PEAK_MEASURABLE, reason=f"torch {torch.__version__}: a storage's release is not watchable")
+@pytest.mark.parametrize("path", PATHS_WITH_FLIGHT)
+@pytest.mark.parametrize("batch", [32, 1024])
+@pytest.mark.parametrize("average", ["micro", "macro"])
+def test_an_update_holds_no_more_bytes_at_once_than_stocks(average: str, batch: int, path: str) -> None:
+    """At 10 classes, where stock's ``C x C`` count is small, the update's peak (its new tensors alive at once: the
+    labels, the counting's temporaries) stays at or below stock's, also on the device path with its checks."""
+    generator = torch.Generator().manual_seed(batch)
+    preds, target = torch.randn(batch, 10, generator=generator), torch.randint(10, (batch,), generator=generator)
+    stock = _make("MulticlassAccuracy", 10, average=average)
+    stock.update(preds, target)
+    stock_peak = peak_allocated_by(lambda: stock.update(preds, target))
+    with torchmetrics_syncfree.patched():
+        metric = _make("MulticlassAccuracy", 10, average=average)
+        with on_path(path):
+            metric.update(preds, target)
+            peak = peak_allocated_by(lambda: metric.update(preds, target))
+    assert peak <= stock_peak, (peak, stock_peak)
 
 
 def test_micro_updates_of_every_batch_length_keep_the_constants_they_share(syncfree: Any) -> None:

@@ -639,7 +639,9 @@ def _class_counts(
         shape: tuple[int, ...] = (samples, num_classes)
         strides: tuple[int, ...] = (block, 2)
     else:
-        cells.narrow(0, 0, 2 * width).put_(hit.add(target, alpha=2), weights, accumulate=True)  # in [-2, 2 * C + 2)
+        # each entry's cell, in [-2, 2 * C + 2), written over its clamped target (a new tensor): one temporary of the
+        # batch's size fewer alive at once
+        cells.narrow(0, 0, 2 * width).put_(torch.add(hit, target, alpha=2, out=target), weights, accumulate=True)
         cells.narrow(0, 2 * width, width).put_(predicted_labels, weights, accumulate=True)
         shape, strides = (num_classes,), (2,)
     # ``as_strided`` views of the buffer: a third of the host time of slicing it row by row (this runs every update)
@@ -729,7 +731,10 @@ def _micro_block(preds: Tensor, target: Tensor, num_classes: int, ignore_index: 
         kept = target != ignore_index
         correct &= kept
         counted = kept.sum()
-    return torch.addcmul(per_entry * counted, signs, correct.sum())
+        del kept
+    hits = correct.sum()
+    del correct  # the batch's flags go before the block is made: no more bytes alive at once than stock's counting
+    return (per_entry * counted).addcmul_(signs, hits)
 
 
 def _micro_column(device: torch.device, tp: int, fp_and_fn: int, tn: int) -> Tensor:
