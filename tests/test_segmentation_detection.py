@@ -471,7 +471,12 @@ def test_panoptic_update_in_passes_keeps_stocks_states(points_per_pass: int, pat
                 for preds, target in batches:
                     preds = preds if kwargs else preds.clamp(max=2)
                     reference.update(preds, target)
-                    metric.update(preds, target)
+                    # the passes read nothing either (the probe simulates a GPU there, the copy still in flight)
+                    watched = path == "device"
+                    in_flight = _instrumentation.simulated_copy_delay(None) if watched else contextlib.nullcontext()
+                    with in_flight, SyncProbe() if watched else contextlib.nullcontext() as probe:
+                        metric.update(preds, target)
+                    assert not watched or probe.count == 0, probe.events
         for state in ("iou_sum", "true_positives", "false_positives", "false_negatives"):
             assert torch.equal(getattr(metric, state), getattr(reference, state)), (name, state)
 
