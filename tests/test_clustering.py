@@ -159,6 +159,10 @@ BAD_INPUTS = {
     "every-sample-a-cluster": ("CalinskiHarabaszScore", torch.randn(6, 2), torch.arange(6)),
     "int-data": ("CalinskiHarabaszScore", torch.randint(0, 3, (8, 2)), torch.arange(8) % 2),
     "dunn-one-cluster": ("DunnIndex", torch.randn(8, 2), torch.full((8,), 3)),
+    **{
+        f"empty-{name}": (name, torch.randn(0, 2), torch.zeros(0, dtype=torch.long))
+        for name in ("CalinskiHarabaszScore", "DaviesBouldinScore", "DunnIndex")
+    },
 }
 
 

@@ -188,12 +188,17 @@ def test_lightning_stage_sequences_match_stock(config: audit.Config, sequence: s
     )
 
 
+_CLUSTERS_SUMMED = ("AdjustedMutualInfoScore", "CalinskiHarabaszScore", "DaviesBouldinScore", "DunnIndex")
+
+
 def _rounds_differently(spec: str) -> bool:
     """Whether the metric of ``spec`` (a class name or a catalogue specification) sums in another order than stock's
     on every device (float rounding, documented per area): the ranking AP and loss sum every sample with zeros where
     stock selects a subset; the areas under the curve (AUROC, AveragePrecision, LogAUC) sum fixed-shape curves with
-    repeated points; Perplexity with ``ignore_index`` sums the ignored positions as zeros."""
-    if spec.startswith(("MultilabelRankingAveragePrecision", "MultilabelRankingLoss")):
+    repeated points; Perplexity with ``ignore_index`` sums the ignored positions as zeros; the intrinsic clustering
+    metrics sum each cluster's points in one ``index_add_`` and AdjustedMutualInfoScore its expected mutual information
+    over a fixed grid."""
+    if spec.startswith(("MultilabelRankingAveragePrecision", "MultilabelRankingLoss", *_CLUSTERS_SUMMED)):
         return True
     if _CURVE_AREA.match(spec):
         return True

@@ -14,13 +14,13 @@ reads for 5 clusters of 32 samples)                  number is known from the re
 ``if denominator < 0`` and ``torch.tensor([...])``   ``torch.where`` of two clamps
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) stock's function runs. On the device path every term of the expected mutual
-information is stock's to the bit, but stock adds them one by one in float32 and the grid sums them by
-``torch.sum``: the expected mutual information (and so the score, whose numerator ``mi - emi`` may cancel) differs
-from stock's by float32 rounding. Measured over 40 random cases of 50-200 samples and 2-200 clusters: at most 5e-5
-absolute between stock and the device path, while each is up to 1e-4 away from scikit-learn's float64 value (scores
-near 0, where ``mi - emi`` cancels, are the worst). The mutual information and the entropies are stock's to the bit.
-Empty inputs take stock's code.
+One implementation on every device (on a CPU 0.09x stock's time at 32 samples, under 0.01x at 1000: stock's Python
+loop over the grid takes 0.34 s there). Every term of the expected mutual information is stock's to the bit, but stock
+adds them one by one in float32 and the grid sums them by ``torch.sum``: the expected mutual information (and so the
+score, whose numerator ``mi - emi`` may cancel) differs from stock's by float32 rounding. Measured over 40 random
+cases of 50-200 samples and 2-200 clusters: at most 5e-5 absolute between stock and this implementation, while each is
+up to 1e-4 away from scikit-learn's float64 value (scores near 0, where ``mi - emi`` cancels, are the worst). The
+mutual information and the entropies are stock's to the bit. Empty inputs take stock's code.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from torch import Tensor
 from torchmetrics.functional.clustering.utils import _validate_average_method_arg, check_cluster_labels
 
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree.clustering.utils import entropy_of_counts, label_pairs, mutual_info, power_mean, takes_stock
+from torchmetrics_syncfree.clustering.utils import (
+    entropy_of_counts,
+    label_pairs,
+    mutual_info,
+    power_mean,
+    stock_rejects,
+)
 
 _FUNCTIONAL = "torchmetrics.functional.clustering.adjusted_mutual_info_score"
 #: the most grid entries (target clusters x predicted clusters x n_ij values) one chunk evaluates
@@ -83,7 +89,7 @@ def expected_mutual_info(a: Tensor, b: Tensor, n_samples: int, largest: int, lon
 @replaces(f"{_FUNCTIONAL}.adjusted_mutual_info_score", params=("preds", "target", "average_method"), everywhere=True)
 def adjusted_mutual_info_score(preds: Tensor, target: Tensor, average_method: str = "arithmetic") -> Tensor:
     """Stock's adjusted mutual information with one host read."""
-    if takes_stock(preds):
+    if stock_rejects(preds):
         return stock(f"{_FUNCTIONAL}.adjusted_mutual_info_score")(preds, target, average_method)
     _validate_average_method_arg(average_method)
     check_cluster_labels(preds, target)

@@ -10,9 +10,10 @@ clusters with a boolean mask each                    of clusters, for stock's ra
 ``centroid_distances[centroid_distances == 0] =``
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) stock's function runs. On the device path the centroids and the mean distances to
-them are summed in another order than stock's per-cluster ``mean``: the score equals stock's within float rounding
-(relative 1e-5 in float32). Stock's errors are raised with stock's text; empty labels take stock's code.
+One implementation on every device (on a CPU 0.35-0.7x stock's time, 32 to 10000 samples). The centroids and the mean
+distances to them are summed in another order than stock's per-cluster ``mean``: the score equals stock's within float
+rounding (relative 1e-5 in float32). Stock's errors are raised with stock's text;
+empty labels too (no cluster: stock's error).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.clustering.utils import cluster_means, validated_clusters
 
 _FUNCTIONAL = "torchmetrics.functional.clustering.davies_bouldin_score"
@@ -35,8 +35,6 @@ def _all_close_to_zero(x: Tensor) -> Tensor:
 @replaces(f"{_FUNCTIONAL}.davies_bouldin_score", params=("data", "labels"), everywhere=True)
 def davies_bouldin_score(data: Tensor, labels: Tensor) -> Tensor:
     """Stock's Davies-Bouldin score with one host read."""
-    if _deferred.reads_are_free(data) or labels.numel() == 0:
-        return stock(f"{_FUNCTIONAL}.davies_bouldin_score")(data, labels)
     labels, counts, num_labels = validated_clusters(data, labels)
     table = torch.get_default_dtype()  # stock's ``torch.zeros`` tables
     centroids = cluster_means(data, labels, counts).to(table)

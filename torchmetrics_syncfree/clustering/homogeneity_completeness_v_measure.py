@@ -12,8 +12,9 @@ boolean masks) and the mutual information            (:func:`~torchmetrics_syncf
 ``if homogeneity + completeness == 0.0``
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) stock's functions run. On the device path the values are stock's to the bit (the same
-float32 operations on the same values); empty inputs take stock's code (zeros, no read).
+One implementation on every device (on a CPU 0.8-0.9x stock's time, 32 to 10000 samples: both entropies come from the
+one count). The values are stock's to the bit (the same float32 operations on the same values); empty inputs take
+stock's code (zeros, no read).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import Tensor
 from torchmetrics.functional.clustering.utils import check_cluster_labels
 
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree.clustering.utils import entropy_of_counts, label_pairs, mutual_info, takes_stock
+from torchmetrics_syncfree.clustering.utils import entropy_of_counts, label_pairs, mutual_info, stock_rejects
 
 _FUNCTIONAL = "torchmetrics.functional.clustering.homogeneity_completeness_v_measure"
 
@@ -42,7 +43,7 @@ def _homogeneity_completeness(preds: Tensor, target: Tensor) -> tuple[Tensor, Te
 @replaces(f"{_FUNCTIONAL}.homogeneity_score", params=("preds", "target"), everywhere=True)
 def homogeneity_score(preds: Tensor, target: Tensor) -> Tensor:
     """Stock's homogeneity with one host read."""
-    if takes_stock(preds):
+    if stock_rejects(preds):
         return stock(f"{_FUNCTIONAL}.homogeneity_score")(preds, target)
     return _homogeneity_completeness(preds, target)[0]
 
@@ -50,7 +51,7 @@ def homogeneity_score(preds: Tensor, target: Tensor) -> Tensor:
 @replaces(f"{_FUNCTIONAL}.completeness_score", params=("preds", "target"), everywhere=True)
 def completeness_score(preds: Tensor, target: Tensor) -> Tensor:
     """Stock's completeness with one host read."""
-    if takes_stock(preds):
+    if stock_rejects(preds):
         return stock(f"{_FUNCTIONAL}.completeness_score")(preds, target)
     return _homogeneity_completeness(preds, target)[1]
 
@@ -58,7 +59,7 @@ def completeness_score(preds: Tensor, target: Tensor) -> Tensor:
 @replaces(f"{_FUNCTIONAL}.v_measure_score", params=("preds", "target", "beta"), everywhere=True)
 def v_measure_score(preds: Tensor, target: Tensor, beta: float = 1.0) -> Tensor:
     """Stock's V-measure with one host read."""
-    if takes_stock(preds):
+    if stock_rejects(preds):
         return stock(f"{_FUNCTIONAL}.v_measure_score")(preds, target, beta)
     homogeneity, completeness = _homogeneity_completeness(preds, target)
     score = (1 + beta) * homogeneity * completeness / (beta * homogeneity + completeness)

@@ -8,8 +8,9 @@ sparse table; ``torch.nonzero(contingency)``         (:func:`~torchmetrics_syncf
                                                      ONE host read per call, of the cluster and cell counts
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) stock's function runs. On the device path the values are stock's to the bit (the same
-float32 operations on the same occupied cells, summed in the same order); empty inputs take stock's code.
+Where host reads are free (CPU) stock's function runs: one sort fewer than counting the pairs without a read, so
+cheaper there (``utils.takes_stock``). On the device path the values are stock's to the bit (the same float32
+operations on the same occupied cells, summed in the same order); empty inputs take stock's code.
 """
 
 from __future__ import annotations

@@ -44,9 +44,20 @@ from torchmetrics_syncfree._registry import replaces, stock
 _FUNCTIONAL = "torchmetrics.functional.clustering.utils"
 
 
+def stock_rejects(labels: Tensor) -> bool:
+    """Whether stock's code runs for its own outcome: the labels are not 1-d (stock's error) or empty."""
+    return labels.ndim != 1 or labels.numel() == 0
+
+
 def takes_stock(labels: Tensor) -> bool:
-    """Whether stock's code runs: host reads are free (CPU), or the labels are not 1-d (stock's error) or empty."""
-    return _deferred.reads_are_free(labels) or labels.ndim != 1 or labels.numel() == 0
+    """Whether stock's code runs where only the pairs are counted (no entropy or cluster mean to gain on).
+
+    Where host reads are free (CPU) stock's contingency by ``torch.unique`` is cheaper than :func:`label_pairs`, which
+    sorts once more to find the occupied cells without reading (1.02-1.3x stock's CPU time for AdjustedRandScore,
+    RandScore, MutualInfoScore and FowlkesMallowsIndex at 32 to 10000 samples). The metrics that also take entropies
+    or cluster means are cheaper counted once and take :func:`stock_rejects` instead.
+    """
+    return _deferred.reads_are_free(labels) or stock_rejects(labels)
 
 
 def _group_ids(values: Tensor) -> Tensor:
@@ -205,8 +216,11 @@ def calculate_contingency_matrix(
 def clusters(labels: Tensor) -> tuple[Tensor, Tensor, int]:
     """The dense labels of an intrinsic metric's samples, each cluster's size (int64) and the number of clusters.
 
-    One host read (the number of clusters); ``labels`` is 1-d and not empty.
+    One host read (the number of clusters) where there are labels; ``labels`` is 1-d.
     """
+    if labels.numel() == 0:
+        nothing = torch.zeros(0, dtype=torch.long, device=labels.device)
+        return nothing, nothing, 0
     dense, last = dense_labels(labels)
     num_labels = int(last.tolist()[0]) + 1  # the one host read
     return dense, label_counts(dense)[:num_labels], num_labels
