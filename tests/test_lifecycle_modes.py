@@ -197,8 +197,8 @@ def _rounds_differently(spec: str) -> bool:
     stock selects a subset; the areas under the curve (AUROC, AveragePrecision, LogAUC) sum fixed-shape curves with
     repeated points; Perplexity with ``ignore_index`` sums the ignored positions as zeros; the intrinsic clustering
     metrics sum each cluster's points in one ``index_add_`` and AdjustedMutualInfoScore its expected mutual information
-    over a fixed grid."""
-    if spec.startswith(("MultilabelRankingAveragePrecision", "MultilabelRankingLoss", *_CLUSTERS_SUMMED)):
+    over a fixed grid; the retrieval metrics average their queries' values by one masked sum."""
+    if spec.startswith(("MultilabelRankingAveragePrecision", "MultilabelRankingLoss", "Retrieval", *_CLUSTERS_SUMMED)):
         return True
     if _CURVE_AREA.match(spec):
         return True

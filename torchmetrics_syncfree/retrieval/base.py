@@ -26,22 +26,24 @@ per query, the per-query ``_metric``                 rank of each document among
 the loop                                             its end (the one read of the compute: it is an eager point)
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) the update and compute are stock's own (bitwise stock's values, errors at once).
-Metrics without a fixed-shape form keep stock's ``compute`` after the sync-free update (on the list states without
-the entries the device path keeps for it to leave out): subclasses that override ``_metric``, and any callable
-``aggregation``. RetrievalPrecisionRecallCurve and RetrievalRecallAtFixedPrecision have their own update and compute,
-patched in :mod:`.precision_recall_curve` with the helpers of this module.
+The update and compute are one implementation on every device; where host reads are free (CPU) the update's checks are
+read at once (stock's errors where stock raised them). Metrics without a fixed-shape form keep stock's ``compute``
+after the sync-free update (on the list states without the entries the update keeps for it to leave out): subclasses
+that override ``_metric``, and any callable ``aggregation``. RetrievalPrecisionRecallCurve and
+RetrievalRecallAtFixedPrecision have their own update and compute, patched in :mod:`.precision_recall_curve` with the
+helpers of this module.
 
 Deviations from stock (documented in ``docs/retrieval.md``, tested in ``tests/test_retrieval.py``):
 
-* the device path's list states hold the entries of ``ignore_index`` and of invalid batches (targets ``-1``), which
-  every compute leaves out; ``indexes``/``preds``/``target`` of the state are therefore longer than stock's;
+* the list states hold the entries of ``ignore_index`` and (where the check is not read at once) of invalid
+  batches (targets ``-1``), which every compute leaves out; ``indexes``/``preds``/``target`` of the state are
+  therefore longer than stock's with ``ignore_index``;
 * tied scores: stock ranks the documents of a query with ``torch.topk``/``torch.argsort`` (not stable: their order
-  among tied scores depends on the backend and the size); the device path ranks tied documents in the order they
-  were added (a stable sort). Values differ only where tied documents of different relevance straddle a cut-off
+  among tied scores depends on the backend and the size); here tied documents rank in the order they were added (a
+  stable sort). Values differ only where tied documents of different relevance straddle a cut-off
   (``top_k``, the first relevant document, R of R-precision); NormalizedDCG averages over ties and is unaffected;
-* the device path's float sums (the mean over queries, MAP's mean over hits, NormalizedDCG's gains, AUROC's
-  trapezoids) run in another order than stock's: equal up to float32 rounding (``rtol=1e-6`` in the tests).
+* the float sums (the mean over queries, MAP's mean over hits, NormalizedDCG's gains, AUROC's trapezoids) run in
+  another order than stock's: equal up to float32 rounding (``rtol=1e-6`` in the tests).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ NO_NEGATIVE = _deferred.Check(
 #: one fixed slot per check, the same for every retrieval metric (equal states in ``MetricCollection`` groups)
 KINDS = (EMPTY, NOT_BINARY, NO_POSITIVE, NO_NEGATIVE)
 
-#: the target an invalid batch is stored with on the device path: never valid for a binary metric, left out
+#: the target an invalid batch is stored with where its check is not read at once: never valid for a binary metric,
+#: left out
 _INVALID_TARGET = -1
 
 
@@ -142,17 +145,18 @@ _STOCK_UPDATE = f"{_MODULE}.RetrievalMetric.update"
 
 @replaces(_STOCK_UPDATE, params=("self", "preds", "target", "indexes"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
-    """Stock's update where reads are free; on the device path its checks deferred and no boolean mask."""
-    update_unless_reads_are_free(self, _STOCK_UPDATE, preds, target, indexes)
+    """Stock's update without a host read: its checks deferred, no boolean mask."""
+    list_states_update(self, preds, target, indexes)
 
 
-def update_unless_reads_are_free(self: Any, target_name: str, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
-    """Stock's update at ``target_name`` where reads are free; else the list states' update, its checks deferred."""
+def list_states_update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
+    """The list states' update of every retrieval metric: stock's checks deferred (read at once where reads are free).
+
+    The ignored entries stay in the states (every compute leaves them out); an invalid batch is stored with targets
+    ``-1`` where its check is not read at once.
+    """
     if indexes is None:
         raise ValueError("Argument `indexes` cannot be None")
-    if _deferred.reads_are_free(preds):  # stock's checks raise at once: nothing is filed
-        stock(target_name)(self, preds, target, indexes)
-        return
     _refresh_kinds(self)
     indexes, preds, target = _checked_inputs(self, indexes, preds, target)
     self.indexes.append(indexes)
@@ -168,7 +172,7 @@ def update_unless_reads_are_free(self: Any, target_name: str, preds: Tensor, tar
 def _kept(self: Any, target: Tensor) -> Tensor | None:
     """The entries of the state that stock's state would hold (``None``: all can be, nothing to leave out).
 
-    The device path keeps ignored entries (target ``ignore_index``) and invalid batches (target ``-1``, binary
+    The update keeps ignored entries (target ``ignore_index``) and invalid batches (target ``-1``, binary
     metrics only: a valid binary target is never negative).
     """
     kept = None
@@ -180,11 +184,10 @@ def _kept(self: Any, target: Tensor) -> Tensor | None:
 
 
 def _holds_left_out_entries(self: Any) -> bool:
-    """Whether the list states hold entries the device path kept for the compute to leave out (reads the device).
+    """Whether the list states hold entries the update kept for the compute to leave out (reads the device).
 
-    Looked at per stored batch, without concatenating: where reads are free this is the only cost stock's compute
-    pays extra (a state of the CPU path never holds such entries, but one made on a GPU and moved to the CPU, e.g. by
-    ``compute_on_cpu=True``, can).
+    Looked at per stored batch, without concatenating: before stock's own compute (a callable ``aggregation``, an
+    overridden ``_metric``), which reads the device anyway.
     """
     for target in self.target:
         kept = _kept(self, target)
@@ -197,8 +200,8 @@ def _holds_left_out_entries(self: Any) -> bool:
 def _left_out_entries_dropped(self: Any) -> Iterator[None]:
     """Stock's list states for the duration of a stock compute: the kept-for-later entries dropped by boolean mask.
 
-    Reads the device (a data-dependent shape): used where reads are free, and by the computes without a fixed-shape
-    form (stock's, which read anyway).
+    Reads the device (a data-dependent shape): used by the computes without a fixed-shape form (stock's, which read
+    anyway).
     """
     if not _holds_left_out_entries(self):
         yield
@@ -499,8 +502,11 @@ def values_of(self: Any) -> Callable[[Any, _Queries], Tensor] | None:
 
 
 def stock_compute_unless_fixed_shape(self: Any, target: str, values: Callable[[Any, _Queries], Tensor] | None) -> Any:
-    """Stock's compute at ``target`` (on stock's list states) where reads are free or no fixed-shape form exists."""
-    if values is not None and self.target and not _deferred.reads_are_free(self.target[0]):
+    """Stock's compute at ``target`` (on stock's list states) where no fixed-shape form exists or nothing was added.
+
+    Returns ``None`` where the fixed-shape form computes.
+    """
+    if values is not None and self.target:
         return None
     with _left_out_entries_dropped(self):
         return stock(target)(self)
@@ -508,7 +514,7 @@ def stock_compute_unless_fixed_shape(self: Any, target: str, values: Callable[[A
 
 @replaces(f"{_MODULE}.RetrievalMetric.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's compute where reads are free; on the device path one fixed-shape pass where the metric has one."""
+    """One fixed-shape pass where the metric has one, else stock's compute."""
     values = values_of(self)
     out = stock_compute_unless_fixed_shape(self, f"{_MODULE}.RetrievalMetric.compute", values)
     if out is not None:

@@ -8,8 +8,8 @@ its own ``compute``: the base class's loop with      the fixed-shape pass of :mo
 without a negative target)                           them by ``scatter_add_``, empty queries by masks
 ==================================================  ===========================================================
 
-The update is the base class's (:mod:`.base`). Where reads are free (CPU) the compute is stock's, to the bit; the
-device path's mean over queries runs in another order (float32 rounding). Ties: see :mod:`.base`.
+The update is the base class's (:mod:`.base`). One implementation on every device: the mean over queries runs in
+another order than stock's (float32 rounding). Ties: see :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _no_negative(q: _Queries) -> Tensor:
 
 @replaces(f"{_MODULE}.RetrievalFallOut.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> Tensor:
-    """Stock's compute where reads are free; on the device path one fixed-shape pass."""
+    """One fixed-shape pass (stock's compute for a callable ``aggregation`` or an overridden ``_metric``)."""
     from torchmetrics.retrieval import RetrievalFallOut
 
     fixed = isinstance(self.aggregation, str) and type(self)._metric is RetrievalFallOut._metric

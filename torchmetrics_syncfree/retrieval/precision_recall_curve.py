@@ -21,14 +21,13 @@ Python ``max`` over (recall, k) tuples (a read       precision is at least ``min
 per k) and ``if max_recall == 0.0``                  len(top_k)`` where that recall is 0 or none qualifies
 ==================================================  ===========================================================
 
-Where reads are free (CPU) update and compute are stock's own (bitwise stock's values, errors at once). A callable
-``aggregation`` keeps stock's compute (on the list states without the entries the device path keeps for it to leave
-out).
+One implementation on every device (the update's checks read at once where reads are free). A callable
+``aggregation`` keeps stock's compute (on the list states without the entries the update keeps for it to leave out).
 
-Deviations from stock (device path; documented in ``docs/retrieval.md``, tested in ``tests/test_retrieval.py``):
+Deviations from stock (documented in ``docs/retrieval.md``, tested in ``tests/test_retrieval.py``):
 
-* tied scores: stock ranks a query's documents with ``torch.topk`` (no defined order among ties); the device path
-  ranks tied documents in the order they were added (see :mod:`.base`);
+* tied scores: stock ranks a query's documents with ``torch.topk`` (no defined order among ties); here tied
+  documents rank in the order they were added (see :mod:`.base`);
 * memory: the per-query curves are rows of an N x ``max_k`` buffer (N documents in the state, at least the number of
   queries), stock's a stack of one row per query;
 * the list states hold the entries of ``ignore_index`` and of invalid batches, as in :mod:`.base`.
@@ -51,9 +50,9 @@ from torchmetrics_syncfree.retrieval.base import (
     _kept,
     _Queries,
     _refresh_kinds,
+    list_states_update,
     report_empty_queries,
     stock_compute_unless_fixed_shape,
-    update_unless_reads_are_free,
 )
 
 _MODULE = "torchmetrics.retrieval.precision_recall_curve"
@@ -72,8 +71,8 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
 
 @replaces(f"{_CURVE}.update", params=("self", "preds", "target", "indexes"), kind="metric_method")
 def _update(self: Any, preds: Tensor, target: Tensor, indexes: Tensor) -> None:
-    """Stock's update where reads are free; on the device path its checks deferred and no boolean mask."""
-    update_unless_reads_are_free(self, f"{_CURVE}.update", preds, target, indexes)
+    """Stock's update without a host read: its checks deferred, no boolean mask."""
+    list_states_update(self, preds, target, indexes)
 
 
 def _curves(self: Any, q: _Queries, max_k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -91,7 +90,7 @@ def _curves(self: Any, q: _Queries, max_k: int) -> tuple[Tensor, Tensor, Tensor]
 
 @replaces(f"{_CURVE}.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """Stock's compute where reads are free; on the device path the per-query curves with fixed shapes."""
+    """The per-query curves with fixed shapes (a callable ``aggregation``: stock's compute)."""
     fixed = _curves if isinstance(self.aggregation, str) else None
     out = stock_compute_unless_fixed_shape(self, f"{_CURVE}.compute", fixed)
     if out is not None:
@@ -124,9 +123,7 @@ def _compute(self: Any) -> tuple[Tensor, Tensor, Tensor]:
 def _recall_at_fixed_precision(
     precision: Tensor, recall: Tensor, top_k: Tensor, min_precision: float
 ) -> tuple[Tensor, Tensor]:
-    """Stock's where reads are free; on the device path the largest qualifying recall and its k by ``torch.where``."""
-    if _deferred.reads_are_free(recall):
-        return stock(f"{_MODULE}._retrieval_recall_at_fixed_precision")(precision, recall, top_k, min_precision)
+    """Stock's largest qualifying recall and its k, by ``torch.where`` instead of a Python ``max``."""
     qualifies = precision >= min_precision
     best = torch.where(qualifies, recall, -torch.inf).amax()
     max_recall = torch.where(best > -torch.inf, best, 0.0).to(recall.dtype)
