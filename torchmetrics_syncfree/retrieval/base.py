@@ -229,16 +229,20 @@ class _Queries:
     gets an id in ``[0, N)``; buffers of size N hold per-query sums (ids of no query stay empty).
     """
 
-    def __init__(self, indexes: Tensor, preds: Tensor, target: Tensor, kept: Tensor | None) -> None:
+    def __init__(self, states: list[Tensor], metric: Any) -> None:
+        """Rank ``states`` (indexes, preds, target: taken out of the list, so that they are freed once ranked)."""
+        indexes, preds, target = states
+        states.clear()
         order = torch.sort(preds, descending=True, stable=True).indices
         order = order.gather(0, torch.sort(indexes.gather(0, order), stable=True).indices)
         self.n = indexes.numel()
-        self.indexes = indexes.gather(0, order)
         self.preds = preds.gather(0, order)
         self.target = target.gather(0, order)
-        self.kept = torch.ones_like(self.target, dtype=torch.bool) if kept is None else kept.gather(0, order)
-        self.start = self._starts(self.indexes)
-        self.query = self.start.long().cumsum(0) - 1
+        self.start = self._starts(indexes.gather(0, order))
+        del indexes, preds, target, order
+        kept = _kept(metric, self.target)  # the entries' own targets decide: computed after the ranking
+        self.kept = torch.ones_like(self.target, dtype=torch.bool) if kept is None else kept
+        self.query = self.start.cumsum(0).sub_(1)  # a bool cumsum is int64
         self.rank = self._rank(self.start, self.kept)
         self.size = self.sum(self.kept.long())
         #: query ids that are queries of stock's state (at least one document kept)
@@ -254,8 +258,9 @@ class _Queries:
     def _rank(start: Tensor, kept: Tensor) -> Tensor:
         """Each entry's 0-based rank among its query's kept entries (cumulative counts minus the query's start)."""
         counted = kept.long()
-        before = counted.cumsum(0) - counted  # non-decreasing: its value at the last query start is a cummax
-        return before - torch.where(start, before, 0).cummax(0).values
+        before = counted.cumsum(0).sub_(counted)  # non-decreasing: its value at the last query start is a cummax
+        del counted
+        return before.sub_(torch.where(start, before, 0).cummax(0).values)
 
     def sum(self, values: Tensor) -> Tensor:
         """Per-query sums of ``values`` (kept entries only) in a buffer of size N."""
@@ -337,7 +342,7 @@ def _normalized_dcg(self: Any, q: _Queries) -> Tensor:
     mean_target = (run_target / run_size.clamp(min=1)).gather(0, run)
     gain = q.sum(mean_target * _discounts(q, self.top_k))
     # the ideal gain: the same queries ranked by target, descending (ties do not matter there)
-    ideal_order = _Queries(q.indexes, q.target.float(), q.target, q.kept)
+    ideal_order = _Queries([q.query, q.target.float(), q.target], self)  # the query ids group as the indexes do
     ideal = ideal_order.sum(ideal_order.target * _discounts(ideal_order, self.top_k))
     return torch.where(ideal == 0, 0.0, gain / torch.where(ideal == 0, 1.0, ideal))
 
@@ -469,10 +474,9 @@ def fixed_shape_compute(
 ) -> Tensor:
     """Stock's ``compute`` loop as one fixed-shape pass: per-query ``values``, ``empty`` queries per the action."""
     _refresh_kinds(self)
-    indexes, preds, target = (dim_zero_cat(state) for state in (self.indexes, self.preds, self.target))
-    q = _Queries(indexes, preds, target, _kept(self, target))
+    q = _Queries([dim_zero_cat(state) for state in (self.indexes, self.preds, self.target)], self)
     empty_query = q.real & empty(q)
-    value = values(self, q).to(preds.dtype)
+    value = values(self, q).to(q.preds.dtype)
     action = self.empty_target_action
     if action in ("neg", "pos"):
         value = torch.where(empty_query, 1.0 if action == "pos" else 0.0, value)
@@ -481,7 +485,7 @@ def fixed_shape_compute(
         counted = q.real & ~empty_query
         if action == "error":
             report_empty_queries(self, no_target, empty_query)
-    return _aggregate(value, counted, self.aggregation).to(preds)
+    return _aggregate(value, counted, self.aggregation).to(q.preds)
 
 
 def _no_positive(q: _Queries) -> Tensor:

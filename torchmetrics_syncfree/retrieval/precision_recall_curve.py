@@ -47,7 +47,6 @@ from torchmetrics_syncfree.retrieval.base import (
     KINDS,
     NO_POSITIVE,
     _aggregate,
-    _kept,
     _Queries,
     _refresh_kinds,
     list_states_update,
@@ -96,8 +95,7 @@ def _compute(self: Any) -> tuple[Tensor, Tensor, Tensor]:
     if out is not None:
         return out
     _refresh_kinds(self)
-    indexes, preds, target = (dim_zero_cat(state) for state in (self.indexes, self.preds, self.target))
-    q = _Queries(indexes, preds, target, _kept(self, target))
+    q = _Queries([dim_zero_cat(state) for state in (self.indexes, self.preds, self.target)], self)
     # the output's length: stock's largest query when ``max_k`` is not set (the compute's one host read)
     max_k = self.max_k if self.max_k is not None else int(q.size.max())
     precision, recall, no_target = _curves(self, q, max_k)
@@ -113,9 +111,9 @@ def _compute(self: Any) -> tuple[Tensor, Tensor, Tensor]:
         if action == "error":
             report_empty_queries(self, NO_POSITIVE, empty_query)
     return (
-        _aggregate(precision, counted, self.aggregation).to(preds),
-        _aggregate(recall, counted, self.aggregation).to(preds),
-        torch.arange(1, max_k + 1, device=preds.device),
+        _aggregate(precision, counted, self.aggregation).to(q.preds),
+        _aggregate(recall, counted, self.aggregation).to(q.preds),
+        torch.arange(1, max_k + 1, device=q.preds.device),
     )
 
 
