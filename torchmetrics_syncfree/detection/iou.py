@@ -19,10 +19,10 @@ boolean masks, ``if observed.item() == 0``           on the host; per class and 
                                                      ``torch.where(observed == 0, 0, ...)``
 ==================================================  ===========================================================
 
-Where reads are free (CPU) every function is stock's, so CPU results are stock's to the bit. On the device path the
-update's matrices are stock's to the bit (the same values written in place); ``compute()`` sums the valid entries in
-another order than stock's mean of the concatenated valid entries: the score may differ from stock's in the last bits
-(relative 1e-6 in float32), as any change of summation order; per-class values likewise. ``compute()`` is replaced on
+One implementation on every device (since 2026-11-29; the CPU ran stock's functions before). The update's matrices
+are stock's to the bit (the same values written in place); ``compute()`` sums the valid entries in another order than
+stock's mean of the concatenated valid entries: the score may differ from stock's in the last bits (relative 1e-6 in
+float32), as any change of summation order; per-class values likewise. ``compute()`` is replaced on
 1.7+ only (1.6's compute differs: no predicted labels among the classes, no zero for unobserved classes; it stays
 stock's, with its reads). Input validation (``_input_validator``) reads host information only and raises at once, as
 stock. MeanAveragePrecision is not covered: its backends (``pycocotools``, ``faster_coco_eval``) evaluate on the host
@@ -42,7 +42,6 @@ from torch import Tensor
 from torchmetrics.detection.helpers import _input_validator
 from torchmetrics.utilities.data import dim_zero_cat
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 
 _FUNCTIONAL = "torchmetrics.functional.detection"
@@ -75,12 +74,10 @@ def _declare(variant: str, box_fn: str) -> None:
 
     @replaces(target, params=_PARAMS, everywhere=True)
     def update(preds: Tensor, target_boxes: Tensor, iou_threshold: float | None, replacement_val: float = 0) -> Tensor:
-        if _deferred.reads_are_free(preds):
-            return stock(target)(preds, target_boxes, iou_threshold, replacement_val)
         return _pairwise(box_fn, preds, target_boxes, iou_threshold, replacement_val)
 
     update.__name__ = update.__qualname__ = f"_{variant}_update"
-    update.__doc__ = f"Stock's ``_{variant}_update``; on the device path the threshold is applied by ``masked_fill_``."
+    update.__doc__ = f"Stock's ``_{variant}_update`` with the threshold applied by ``masked_fill_``."
     globals()[update.__name__] = update
 
 
@@ -95,9 +92,9 @@ for _variant, _box_fn in (
 
 @replaces(f"{_MODULE}.IntersectionOverUnion.update", params=("self", "preds", "target"), kind="metric_method")
 def _update(self: Any, preds: list[dict[str, Tensor]], target: list[dict[str, Tensor]]) -> None:
-    """Stock's update; on the device path the other labels' pairs are marked invalid by ``masked_fill_``."""
+    """Stock's update with the other labels' pairs marked invalid by ``masked_fill_``."""
     _input_validator(preds, target, ignore_score=True)  # host checks only: stock's errors before any indexing
-    if not preds or _deferred.reads_are_free(preds[0]["boxes"]):
+    if not preds:
         stock(f"{_MODULE}.IntersectionOverUnion.update")(self, preds, target)
         return
     keeps_pred_labels = hasattr(self, "pred_labels")  # 1.7+
@@ -128,11 +125,11 @@ if _COMPUTE_17:
 
     @replaces(f"{_MODULE}.IntersectionOverUnion.compute", params=("self",), kind="metric_method")
     def _compute(self: Any) -> dict:
-        """Stock's results; on the device path without reads (one, the classes, with ``class_metrics``)."""
+        """Stock's results without reads (one, the classes, with ``class_metrics``)."""
         matrices = self.iou_matrix
         if isinstance(matrices, Tensor):  # after a DDP sync of one matrix per rank
             matrices = [matrices]
-        if not matrices or _deferred.reads_are_free(matrices[0]):
+        if not matrices:
             return stock(f"{_MODULE}.IntersectionOverUnion.compute")(self)
         score = _valid_mean(matrices, self._invalid_val)
         results: dict[str, Tensor] = {f"{self._iou_type}": torch.where(torch.isnan(score), 0.0, score)}
