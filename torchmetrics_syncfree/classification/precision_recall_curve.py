@@ -27,10 +27,12 @@ a Python loop over thresholds for large batches      ``cumsum`` (see "binned cou
 
 With ``thresholds=None`` the state is the list of (formatted) preds and targets: its update is validation and
 formatting only. With ``ignore_index`` stock's binary/multiclass update removes the ignored entries with a boolean
-mask (one sync per update); on the device path they stay in the list state and every compute of the family leaves
-them out (:func:`_keeps_ignored_entries`; a documented deviation of the list state). Multiclass ``average="micro"``
-one-hot encodes the targets (stock's ``one_hot`` reads their range): on the device path a comparison with every class
-does (:func:`_micro_list_state`). ``compute()`` of the curves is
+mask (one sync per update); here they stay in the list state on every device and every compute of the family leaves
+them out (:func:`_ignored_entries_dropped`, or weights of 0 in the fixed-shape AUROC/AveragePrecision; a documented
+deviation of the list state: a CPU update that keeps them gives other curves than stock's in the last bit for some
+logit batches, 12 of 40 for ``BinaryROC`` with 30% ignored, as the logits test and sigmoid run over the whole batch).
+Multiclass ``average="micro"`` one-hot encodes the targets (stock's ``one_hot`` reads their range): here a comparison
+with every class does, on every device (:func:`_micro_list_state`). ``compute()`` of the curves is
 stock's on the state without ignored entries; AUROC and AveragePrecision have their own (:mod:`.auroc`,
 :mod:`.average_precision`).
 
@@ -40,7 +42,7 @@ The counts are integers: identical to stock's for every valid input. Deliberate 
   counts distinct values);
 * with ``validate_args=False``, binary and multilabel targets other than 0 and 1 and multiclass targets outside the
   classes are left out of the binned counts (stock counts them in another threshold's or class's cells, or fails in
-  ``one_hot``); in the device path's unbinned micro state such a target is a negative of every class, as in stock's
+  ``one_hot``); in the unbinned micro state (every device) such a target is a negative of every class, as in stock's
   per-class curves (stock's ``one_hot`` fails).
 
 """
@@ -712,24 +714,8 @@ def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tenso
     _deferred.sweep(self)
 
 
-def _keeps_ignored_entries(target: Tensor) -> bool:
-    """Whether this unbinned binary/multiclass update, whose ``ignore_index`` is set, keeps its ignored entries.
-
-    (The callers test ``self.ignore_index is not None`` first, inline: updates without it make no Python call here.)
-
-    Stock drops them with a boolean mask (``preds[target != ignore_index]``: a data-dependent shape, read on the
-    host). On the device path they stay, their targets still ``ignore_index`` (one-hot targets: ``IGNORED_ONE_HOT``,
-    :func:`_micro_list_state`), and every compute of the family leaves them out (:func:`_ignored_entries_dropped`, or
-    weights of 0 in the fixed-shape AUROC/AveragePrecision). Where reads are free the state is stock's: a CPU update
-    that kept them gave other curves than stock's in the last bit for 12 of 40 random logit batches (``BinaryROC``,
-    ``ignore_index=-1``, 30% ignored), as its logits test and sigmoid run over the batch before the ignored entries
-    are left out (the same on a GPU, where stock reads).
-    """
-    return not _deferred.reads_are_free(target)
-
-
-#: The target of an ignored entry in a one-hot (multiclass ``average="micro"``) list state built on the device path:
-#: no one-hot target takes it (they are 0 or 1), unlike ``ignore_index``, which may be either.
+#: The target of an ignored entry in a one-hot (multiclass ``average="micro"``) list state: no one-hot target takes it
+#: (they are 0 or 1), unlike ``ignore_index``, which may be either.
 IGNORED_ONE_HOT = -1
 
 
@@ -778,7 +764,7 @@ def _one_hot_state(self: Any) -> bool:
 def _ignored_entries_dropped(self: Any) -> Iterator[None]:
     """Stock's unbinned list state for the duration of a stock compute.
 
-    Ignored entries kept by the device path's update (:func:`_keeps_ignored_entries`) are dropped with stock's
+    Ignored entries kept by the update (binary and multiclass, unbinned, with ``ignore_index``) are dropped with stock's
     boolean mask. Only the curves whose length depends on the data use this (ROC, PrecisionRecallCurve, LogAUC
     through ROC), and AUROC/AveragePrecision where reads are free: a compute may read where its result's shape depends
     on the data.
@@ -890,7 +876,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     if self.validate_args:
         invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
     if self.thresholds is None:
-        if self.ignore_index is not None and _keeps_ignored_entries(target):
+        if self.ignore_index is not None:  # the ignored entries stay, every compute of the family leaves them out
             preds, target = preds.flatten(), target.flatten()
             if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
                 preds = _probabilities(preds, target != self.ignore_index, normalization)
@@ -926,9 +912,9 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         )
     if self.thresholds is None:
         # stock's ``one_hot`` reads the target range, with ``ignore_index`` or without
-        if average == "micro" and not _deferred.reads_are_free(target):
+        if average == "micro":
             preds, target = _micro_list_state(preds, target, self.num_classes, self.ignore_index)
-        elif self.ignore_index is not None and _keeps_ignored_entries(target):
+        elif self.ignore_index is not None:
             preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
             preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
         else:
