@@ -248,6 +248,11 @@ class _Queries:
         #: query ids that are queries of stock's state (at least one document kept)
         self.real = self.size > 0
 
+    @classmethod
+    def of_states(cls, metric: Any) -> _Queries:
+        """The documents of ``metric``'s ``indexes``, ``preds`` and ``target`` states, ranked."""
+        return cls([dim_zero_cat(state) for state in (metric.indexes, metric.preds, metric.target)], metric)
+
     @staticmethod
     def _starts(keys: Tensor) -> Tensor:
         start = torch.ones_like(keys, dtype=torch.bool)
@@ -474,7 +479,7 @@ def fixed_shape_compute(
 ) -> Tensor:
     """Stock's ``compute`` loop as one fixed-shape pass: per-query ``values``, ``empty`` queries per the action."""
     _refresh_kinds(self)
-    q = _Queries([dim_zero_cat(state) for state in (self.indexes, self.preds, self.target)], self)
+    q = _Queries.of_states(self)
     empty_query = q.real & empty(q)
     value = values(self, q).to(q.preds.dtype)
     action = self.empty_target_action

@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
@@ -95,7 +94,7 @@ def _compute(self: Any) -> tuple[Tensor, Tensor, Tensor]:
     if out is not None:
         return out
     _refresh_kinds(self)
-    q = _Queries([dim_zero_cat(state) for state in (self.indexes, self.preds, self.target)], self)
+    q = _Queries.of_states(self)
     # the output's length: stock's largest query when ``max_k`` is not set (the compute's one host read)
     max_k = self.max_k if self.max_k is not None else int(q.size.max())
     precision, recall, no_target = _curves(self, q, max_k)
