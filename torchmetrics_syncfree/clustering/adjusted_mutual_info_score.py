@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.functional.clustering.adjusted_mutual_info_score``: AdjustedMutualInfoScore.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 contingency and two entropies by ``torch.unique``,   one count of both clusterings
 ``bincount``, ``nonzero``, boolean masks; the        (:func:`~torchmetrics_syncfree.clustering.utils.label_pairs`)

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.functional.clustering.calinski_harabasz_score``: CalinskiHarabaszScore's compute.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 ``torch.unique(labels)``; a Python loop over the     dense labels by one sort, ONE host read per call (the number
 clusters with a boolean mask each                    of clusters, for stock's range check); every cluster's sum

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.functional.clustering.dunn_index``: DunnIndex's compute (and forward).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 ``labels.unique()``; one boolean mask per cluster;   dense labels by one sort, ONE host read per call (the number
 ``itertools.combinations`` of the centroids          of clusters); centroids by ``index_add_``, the centroid pairs

@@ -1,18 +1,18 @@
 """Sync-free ``torchmetrics.functional.clustering.fowlkes_mallows_index``: FowlkesMallowsIndex's compute (and forward).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
-contingency by ``torch.unique`` (twice) and a        sums over the occupied cells and the cluster sizes
-sparse table                                         (:func:`~torchmetrics_syncfree.clustering.utils.label_pairs`):
-                                                     ONE host read per call
+contingency by ``torch.unique`` (twice) and a        the squared sizes of the cells and clusters, counted in
+sparse table                                         tables of one slot per sample
+                                                     (:func:`~torchmetrics_syncfree.clustering.utils.pair_tables`):
+                                                     no host read
 ``if torch.allclose(tk, tensor(0))`` (a CPU          ``torch.where(tk == 0, ...)`` (``tk`` is an int64 count:
 tensor compared with the device's)                   ``allclose`` is equality)
 ==================================================  ===========================================================
 
-Where host reads are free (CPU) stock's function runs: one sort fewer than counting the pairs without a read, so
-cheaper there (``utils.takes_stock``). On the device path the values are stock's to the bit (exact int64 sums, the
-same arithmetic); empty inputs take stock's code.
+One implementation on every device, without a host read: stock's values to the bit (exact int64 sums, the same
+arithmetic); empty inputs take stock's code.
 """
 
 from __future__ import annotations
@@ -22,20 +22,16 @@ from torch import Tensor
 from torchmetrics.functional.clustering.utils import check_cluster_labels
 
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree.clustering.utils import label_pairs, takes_stock
+from torchmetrics_syncfree.clustering.utils import pair_tables, squared_sums, stock_rejects
 
 _FUNCTIONAL = "torchmetrics.functional.clustering.fowlkes_mallows_index"
 
 
 @replaces(f"{_FUNCTIONAL}.fowlkes_mallows_index", params=("preds", "target"), everywhere=True)
 def fowlkes_mallows_index(preds: Tensor, target: Tensor) -> Tensor:
-    """Stock's Fowlkes-Mallows index with one host read."""
-    if takes_stock(preds):
+    """Stock's Fowlkes-Mallows index without a host read."""
+    if stock_rejects(preds):
         return stock(f"{_FUNCTIONAL}.fowlkes_mallows_index")(preds, target)
     check_cluster_labels(preds, target)
-    pairs = label_pairs(preds, target)
-    n = preds.size(0)
-    tk = torch.sum(pairs.cells**2) - n
-    pk = torch.sum(pairs.preds_counts**2) - n
-    qk = torch.sum(pairs.target_counts**2) - n
+    tk, qk, pk = squared_sums(pair_tables(preds, target)).sub_(preds.size(0)).unbind()
     return torch.where(tk == 0, torch.zeros((), device=tk.device), torch.sqrt(tk / pk) * torch.sqrt(tk / qk))

@@ -3,7 +3,7 @@
 HomogeneityScore, CompletenessScore and VMeasureScore (their compute, and so ``forward``'s batch value).
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 two entropies (``torch.unique``, ``bincount``,       one count of both clusterings
 boolean masks) and the mutual information            (:func:`~torchmetrics_syncfree.clustering.utils.label_pairs`):

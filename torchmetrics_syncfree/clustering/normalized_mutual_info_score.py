@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.functional.clustering.normalized_mutual_info_score``: NormalizedMutualInfoScore.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 contingency and two entropies by ``torch.unique``,   one count of both clusterings
 ``bincount``, ``nonzero``, boolean masks             (:func:`~torchmetrics_syncfree.clustering.utils.label_pairs`):

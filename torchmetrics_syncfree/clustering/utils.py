@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.functional.clustering.utils``: the shared counting of the clustering metrics.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 ``torch.unique(x, return_inverse=True)``: the        dense labels by one ``sort`` and a running count of value
 labels renumbered 0..k-1, k read by the host          changes, scattered back to the samples' order (fixed shape)
@@ -18,12 +18,15 @@ labels renumbered 0..k-1, k read by the host          changes, scattered back to
 The number of clusters is data-sized: a compute (and so a ``forward``) of a clustering metric reads the host ONCE,
 one small tensor with every size it needs (the numbers of predicted and target clusters, of occupied contingency
 cells, and for AdjustedMutualInfoScore the largest cluster sizes); everything after it is fixed-shape device work.
-The update appends the batch to list states, as stock, and reads nothing.
+RandScore, AdjustedRandScore and FowlkesMallowsIndex take only sums of squared cluster and cell sizes, which the
+tables of one slot per sample give as they are (empty slots add 0): they read nothing. The update appends the batch
+to list states, as stock, and reads nothing. Every metric runs this one implementation on every device.
 
 The public helpers replaced here (``everywhere``: the functional modules import them by name): ``calculate_entropy``
 counts without any read (a table of one slot per sample, empty slots adding 0: its float sum runs over more terms
 than stock's, equal within float32 rounding, relative 1e-6) and ``calculate_contingency_matrix`` reads the two cluster
-counts once (stock's table to the bit, dense or sparse). Where host reads are free (CPU) both are stock's.
+counts once (stock's table to the bit, dense or sparse). Where host reads are free (CPU) both are stock's
+(:func:`takes_stock`).
 """
 
 from __future__ import annotations
@@ -50,20 +53,21 @@ def stock_rejects(labels: Tensor) -> bool:
 
 
 def takes_stock(labels: Tensor) -> bool:
-    """Whether stock's code runs where only the pairs are counted (no entropy or cluster mean to gain on).
+    """Whether the public helpers ``calculate_entropy`` and ``calculate_contingency_matrix`` run stock's code.
 
-    Where host reads are free (CPU) stock's contingency by ``torch.unique`` is cheaper than :func:`label_pairs`, which
-    sorts once more to find the occupied cells without reading (1.02-1.3x stock's CPU time for AdjustedRandScore,
-    RandScore, MutualInfoScore and FowlkesMallowsIndex at 32 to 10000 samples). The metrics that also take entropies
-    or cluster means are cheaper counted once and take :func:`stock_rejects` instead.
+    No metric calls them (each metric's function here counts its own tables). Where host reads are free (CPU) stock's
+    ``torch.unique`` costs less than their read-free forms (1.2-1.8x stock's CPU time at 32 samples), and stock's
+    entropy sums only the occupied clusters, to the bit; elsewhere (and on empty or non-1-d labels: stock's outcome)
+    the read-free forms run.
     """
     return _deferred.reads_are_free(labels) or stock_rejects(labels)
 
 
 def _group_ids(values: Tensor) -> Tensor:
     """0-based group ids of sorted values: a running count of the places where a value differs from its predecessor."""
-    steps = (values[1:] != values[:-1]).cumsum(0)
-    return torch.cat([steps.new_zeros(1), steps])
+    ids = torch.zeros_like(values, dtype=torch.long)
+    torch.cumsum(values[1:] != values[:-1], 0, out=ids[1:])
+    return ids
 
 
 def dense_labels(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -107,6 +111,68 @@ def power_mean(x: Tensor, method: str) -> Tensor:
 
 
 @dataclass
+class PairTables:
+    """Two clusterings counted together without a host read: tables of one slot per sample (int64, empty slots 0).
+
+    The samples in (target, preds) order: ``keys`` their pair keys ``target * n + preds`` of the dense labels
+    (sorted), ``cell`` their occupied contingency cell (numbered in row-major order); ``cells`` the count of each
+    cell, ``target_counts``/``preds_counts`` the size of each cluster; ``largest_target``/``largest_preds`` the
+    largest dense labels (1 element each, the numbers of clusters less one).
+    """
+
+    n: int
+    largest_target: Tensor
+    largest_preds: Tensor
+    keys: Tensor
+    cell: Tensor
+    cells: Tensor
+    target_counts: Tensor
+    preds_counts: Tensor
+
+
+def pair_tables(preds: Tensor, target: Tensor) -> PairTables:
+    """Count two clusterings (1-d, same non-zero length) into :class:`PairTables`: two sorts, no host read."""
+    n = preds.numel()
+    # sorted by preds, then stably by target: the samples in (target, preds) order, the cells its runs of equal pairs
+    # (the first sort need not be stable: equal preds are interchangeable; a stable CPU sort costs half as much again)
+    preds_sorted, preds_order = preds.sort()
+    preds_labels = _group_ids(preds_sorted)
+    target_sorted, pair_order = target.gather(0, preds_order).sort(stable=True)
+    target_labels = _group_ids(target_sorted)
+    keys = target_labels * n + preds_labels.gather(0, pair_order)
+    cell = _group_ids(keys)
+    ones = torch.ones_like(keys)
+    return PairTables(
+        n=n,
+        largest_target=target_labels[-1:],
+        largest_preds=preds_labels[-1:],
+        keys=keys,
+        cell=cell,
+        cells=label_counts(cell, ones),
+        target_counts=label_counts(target_labels, ones),
+        preds_counts=label_counts(preds_labels, ones),
+    )
+
+
+def squared_sums(tables: PairTables) -> Tensor:
+    """The sums of the squared cell, target cluster and predicted cluster sizes (int64, 3 values: exact)."""
+    return torch.stack([tables.cells, tables.target_counts, tables.preds_counts]).square_().sum(1)
+
+
+def pair_confusion(tables: PairTables) -> Tensor:
+    """Stock's ``calculate_pair_cluster_confusion_matrix`` (int64 2x2), exact, without a host read.
+
+    Stock's ``(contingency * sum_k).sum()`` weighs each cell by its column's sum: per column that is the column sum
+    squared, so every entry is a difference of :func:`squared_sums`.
+    """
+    cells, same_target, same_preds = squared_sums(tables).unbind()
+    n = tables.n
+    same_preds, same_target = same_target - cells, same_preds - cells  # stock's [0, 1] and [1, 0]
+    neither = n * n - same_preds - same_target - cells
+    return torch.stack([neither, same_preds, same_target, cells - n]).view(2, 2)
+
+
+@dataclass
 class LabelPairs:
     """Two clusterings counted together after the one host read (every tensor on the labels' device).
 
@@ -128,33 +194,27 @@ class LabelPairs:
 def label_pairs(
     preds: Tensor, target: Tensor, extra: Callable[[Tensor, Tensor], list[Tensor]] | None = None
 ) -> LabelPairs:
-    """Count two clusterings (1-d, same non-zero length) with ONE host read.
+    """Count two clusterings (1-d, same non-zero length) with ONE host read: :func:`pair_tables` cut to size.
 
     ``extra(target_counts, preds_counts)`` may add 1-element int64 tensors (computed from the per-sample count
     tables) to that read.
     """
-    n = preds.numel()
-    preds_labels, last_preds = dense_labels(preds)
-    target_labels, last_target = dense_labels(target)
-    keys, _ = (target_labels * n + preds_labels).sort()
-    cell = _group_ids(keys)
-    ones = torch.ones_like(keys)
-    cells = label_counts(cell, ones)
+    tables = pair_tables(preds, target)
+    n = tables.n
     # every key of a cell is the same: the scatter writes equal values
-    cell_keys = torch.zeros_like(keys).scatter_(0, cell, keys)
-    target_counts, preds_counts = label_counts(target_labels, ones), label_counts(preds_labels, ones)
-    added = [] if extra is None else extra(target_counts, preds_counts)
+    cell_keys = torch.zeros_like(tables.keys).scatter_(0, tables.cell, tables.keys)
+    added = [] if extra is None else extra(tables.target_counts, tables.preds_counts)
     # the one host read of the call: every data-sized shape at once (the largest labels: counts less one)
-    sizes = torch.cat([last_target, last_preds, cell[-1:], *added]).tolist()
+    sizes = torch.cat([tables.largest_target, tables.largest_preds, tables.cell[-1:], *added]).tolist()
     num_target_clusters, num_preds_clusters, occupied = (size + 1 for size in sizes[:3])
     cell_keys = cell_keys[:occupied]
     return LabelPairs(
         n=n,
         rows=cell_keys // n,
         cols=cell_keys % n,
-        cells=cells[:occupied],
-        target_counts=target_counts[:num_target_clusters],
-        preds_counts=preds_counts[:num_preds_clusters],
+        cells=tables.cells[:occupied],
+        target_counts=tables.target_counts[:num_target_clusters],
+        preds_counts=tables.preds_counts[:num_preds_clusters],
         extra=sizes[3:],
     )
 
@@ -162,21 +222,10 @@ def label_pairs(
 def mutual_info(pairs: LabelPairs) -> Tensor:
     """Stock's ``_mutual_info_score_compute`` over the occupied cells: the same operations on the same values."""
     n = torch.full((), pairs.n, dtype=torch.int64, device=pairs.cells.device)  # stock: ``contingency.sum()``
-    log_outer = torch.log(pairs.target_counts[pairs.rows]) + torch.log(pairs.preds_counts[pairs.cols])
+    rows, cols = pairs.target_counts.index_select(0, pairs.rows), pairs.preds_counts.index_select(0, pairs.cols)
+    log_outer = torch.log(rows) + torch.log(cols)
     contingency = pairs.cells
     return (contingency / n * (torch.log(n) + torch.log(contingency) - log_outer)).sum()
-
-
-def pair_confusion(pairs: LabelPairs) -> Tensor:
-    """Stock's ``calculate_pair_cluster_confusion_matrix`` (int64 2x2) from the occupied cells: exact integer sums."""
-    n = torch.full((), pairs.n, dtype=torch.int64, device=pairs.cells.device)
-    cells = pairs.cells
-    sum_squared = (cells**2).sum()
-    same_target = (cells * pairs.preds_counts[pairs.cols]).sum() - sum_squared  # stock's [1, 0]
-    same_preds = (cells * pairs.target_counts[pairs.rows]).sum() - sum_squared  # stock's [0, 1]
-    both = sum_squared - n
-    neither = n**2 - same_preds - same_target - sum_squared
-    return torch.stack([torch.stack([neither, same_preds]), torch.stack([same_target, both])])
 
 
 @replaces(f"{_FUNCTIONAL}.calculate_entropy", params=("x",), everywhere=True)
