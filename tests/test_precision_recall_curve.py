@@ -87,13 +87,10 @@ def _flat(value: Any) -> list[Tensor]:
     return [tensor for item in value for tensor in _flat(item)]
 
 
-@pytest.mark.parametrize("path", [*PATHS, "cpu-fixed-shape"])
-def test_binned_state_is_stocks(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_binned_state_is_stocks(path: str) -> None:
     """The (T, ..., 2, 2) counts after every update are stock's, for every task, thresholds setting (unsorted and
-    duplicate thresholds, ties, NaN scores, float64/float16) and ignore_index. Small validated CPU batches are counted
-    with stock's functions (``STOCK_COUNTING_MAX``); "cpu-fixed-shape" counts them with the fixed-shape path too."""
-    if path == "cpu-fixed-shape":
-        monkeypatch.setattr(precision_recall_curve, "STOCK_COUNTING_MAX", 0)
+    duplicate thresholds, ties, NaN scores, float64/float16) and ignore_index."""
     for task, ignores in IGNORE.items():
         for key in ("5", "list", "tensor"):
             for ignore_index in ignores:

@@ -10,9 +10,10 @@ stock                                                sync-free
 ``if ...:``                                          ``ignore_index``; multiclass labels in ``[0, C)``), filed
                                                      as a deferred check (raised at once on CPU with stock's
                                                      message, reported at an eager point on the device path, the
-                                                     invalid batch left out of the state); binned, on the device
-                                                     path: the sink column of the count itself (binary, multilabel,
-                                                     multiclass with ``ignore_index``) or ``target // C != 0``
+                                                     invalid batch left out of the state); binned, on every
+                                                     device: the sink column of the count itself (binary,
+                                                     multilabel, multiclass with ``ignore_index``) or
+                                                     ``target // C != 0``
 ``ignore_index``: ``preds[target != ii]``            ignored entries stay in place and are routed to a dropped
 (binary, multiclass), ``mapping[mapping >= 0]``      column of the count (binned); the logits test looks at the
 (multilabel)                                         kept entries only, as stock
@@ -62,11 +63,8 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 from torchmetrics.functional.classification.precision_recall_curve import (
     _binary_precision_recall_curve_format,
-    _binary_precision_recall_curve_update,
     _multiclass_precision_recall_curve_format,
-    _multiclass_precision_recall_curve_update,
     _multilabel_precision_recall_curve_format,
-    _multilabel_precision_recall_curve_update,
 )
 from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import dim_zero_cat
@@ -83,7 +81,6 @@ from torchmetrics_syncfree.classification.stat_scores import (
     _mesh_counting,
     _not_a_class,
     _raise_not_a_class,
-    _without_invalid,
     normalize_logits_if_needed,
 )
 
@@ -386,30 +383,33 @@ def _buckets(scores: Tensor, thresholds: Tensor, negated: bool, ascending: bool)
 def _threshold_counts(cells: Tensor, groups: int, num_thresholds: int, rank: Tensor | None) -> tuple[Tensor, Tensor]:
     """Stock's ``(T, G, 2, 2)`` matrices from the cells of the entries (see above), and the sink column's count.
 
-    The counts are int32 (a batch's are far below 2**31: half the memory of int64 in every pass, atomics included),
-    their sums made in place. Where reads are free they are counted in a buffer of the thread's, kept for the next
-    update: a fresh buffer of this size (megabytes at 1000 classes) costs the host page faults on every update. The
-    results are views of it then: the caller adds them to the state at once.
+    On an accelerator the counts are int32 (a batch's are far below 2**31: half the memory of int64 in every pass,
+    atomics included), their sums made in place. Where reads are free they are counted in a buffer of the thread's,
+    kept for the next update: a fresh buffer of this size (megabytes at 1000 classes) costs the host page faults on
+    every update; int64 there, the state's dtype, which the caller then adds without a conversion. The results are
+    views of the buffer then: the caller adds them to the state at once.
     """
     block, width = num_thresholds + 1, 2 * groups + 2
     size, cells = 2 * block * width, cells.flatten()
     if _mesh_counting() or cells.is_mps:
         counts = _count(cells, size)  # upstream's fixed-shape counting there
     else:
-        dtype = torch.int32 if cells.numel() < 2**31 else torch.long
         if _deferred.reads_are_free(cells):
+            dtype = torch.long
             counts = _scratch(size, dtype).zero_()
         else:
+            dtype = torch.int32 if cells.numel() < 2**31 else torch.long
             counts = torch.zeros(size, dtype=dtype, device=cells.device)
         unit = _cached(cells.device, ("unit", dtype), lambda: torch.ones(1, dtype=dtype, device=cells.device))
         counts.scatter_add_(0, cells, unit.expand(cells.shape))
-    counts = counts.view(2, block, width)
-    counts[1].sub_(counts[0])
+    halves = counts.view(2, block, width)
+    halves[1].sub_(halves[0])
     counts.view(2 * block, width).cumsum_(0)
-    confmats = counts[:, :num_thresholds, : 2 * groups].unflatten(2, (groups, 2)).permute(1, 2, 3, 0)
+    # confmats[threshold, group, target, pred] = counts[pred, threshold, 2 * group + target]: one strided view
+    confmats = counts.as_strided((num_thresholds, groups, 2, 2), (width, 2, 1, block * width))
     if rank is not None:
         confmats = confmats[rank]  # back to the thresholds' own order
-    return confmats, counts[0, num_thresholds, 2 * groups]
+    return confmats, counts[num_thresholds * width + 2 * groups]
 
 
 _thread = threading.local()
@@ -450,12 +450,19 @@ def _make_sample_kinds(num_classes: int, ignoring: bool, device: torch.device) -
 
 
 def _label_counts(
-    self: Any, scores: Tensor, target: Tensor, ignored: Tensor | None, negated: bool, metric: Any | None
+    self: Any,
+    scores: Tensor,
+    target: Tensor,
+    ignored: Tensor | None,
+    negated: bool,
+    metric: Any | None,
+    report_at_once: Callable[[], None] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Binned counts ``(T, G, 2, 2)`` of binary/multilabel entries ``(M, G)``, whose targets are 0/1 labels.
 
     Targets that are no label land in the sink column; with ``metric`` (``validate_args``) its count is the
-    validation's, and the second result says whether the batch may enter the state.
+    validation's (``report_at_once``: stock's error where reads are free), and the second result says whether the
+    batch may enter the state.
     """
     labels = target if target.dtype not in (torch.uint8, torch.bool) else target.long()  # (-1 must be negative)
     kinds = labels.clamp(-1, 2)
@@ -469,19 +476,31 @@ def _label_counts(
     confmats, sink = _threshold_counts(
         table[kinds, _arange(groups, scores.device), buckets], groups, num_thresholds, rank
     )
-    return confmats, _checked_sink(metric, sink)
+    return confmats, _checked_sink(metric, sink, report_at_once)
 
 
 def _binary_counts(
     self: Any, preds: Tensor, target: Tensor, normalization: str | None, metric: Any | None
 ) -> tuple[Tensor, Tensor | None]:
     """Stock's binary format + binned update, ``(T, 2, 2)``, with fixed shapes (and the batch's validation)."""
+    report_at_once = _stock_binary_report(metric, preds, target, self.ignore_index)
     preds, target = preds.flatten(), target.flatten()
     ignored = None if self.ignore_index is None else target == self.ignore_index
     preds = _normalized(preds, normalization, ignored)
     column = None if ignored is None else ignored.unsqueeze(1)
-    confmats, keep = _label_counts(self, preds.unsqueeze(1), target.unsqueeze(1), column, not normalization, metric)
+    scores, labels = preds.unsqueeze(1), target.unsqueeze(1)
+    confmats, keep = _label_counts(self, scores, labels, column, not normalization, metric, report_at_once)
     return confmats.squeeze(1), keep
+
+
+def _stock_binary_report(
+    metric: Any | None, preds: Tensor, target: Tensor, ignore_index: int | None
+) -> Callable[[], None] | None:
+    """Stock's binary (and multilabel) value check of an update's inputs: it raises stock's error.
+
+    The report of invalid targets counted where reads are free; ``None`` without validation (no ``metric``).
+    """
+    return None if metric is None else functools.partial(_stock_binary_validation, preds, target, ignore_index)
 
 
 def _multilabel_counts(self: Any, preds: Tensor, target: Tensor, metric: Any | None) -> tuple[Tensor, Tensor | None]:
@@ -489,25 +508,28 @@ def _multilabel_counts(self: Any, preds: Tensor, target: Tensor, metric: Any | N
 
     Stock decides logits over all entries, ignored ones included (it normalizes before it masks): so does this.
     """
-    num_labels = self.num_labels
+    num_labels, report_at_once = self.num_labels, _stock_binary_report(metric, preds, target, self.ignore_index)
     preds = preds.transpose(0, 1).reshape(num_labels, -1).T
     target = target.transpose(0, 1).reshape(num_labels, -1).T
     preds = normalize_logits_if_needed(preds, "sigmoid")
     ignored = None if self.ignore_index is None else target == self.ignore_index
-    return _label_counts(self, preds, target, ignored, False, metric)
+    return _label_counts(self, preds, target, ignored, False, metric, report_at_once)
 
 
 def _multiclass_counts(
-    self: Any, preds: Tensor, target: Tensor, average: str | None, metric: Any | None, checked: bool
+    self: Any, preds: Tensor, target: Tensor, average: str | None, metric: Any | None
 ) -> tuple[Tensor, Tensor | None]:
     """Stock's multiclass format + binned update (``(T, C, 2, 2)``; micro: ``(T, 2, 2)``) with fixed shapes.
 
-    An entry's kind is ``target == class``. That is all where every label of a batch that is counted is a class:
-    known (``checked``: validated on the CPU), or a batch with any other label is left out whole (``metric``: the
-    validation's flag is ``target // C != 0``). Otherwise (``ignore_index``, ``validate_args=False``) each sample adds
-    its kind (2: no class, its entries to the sink column; 3: ignored, to the dropped column).
+    An entry's kind is ``target == class``. That is all where a batch with any label that is no class is left out
+    whole (``metric``, ``validate_args``: the validation's flag is ``target // C != 0``, read at once with stock's
+    error where reads are free). Otherwise (``ignore_index``, ``validate_args=False``) each sample adds its kind (2:
+    no class, its entries to the sink column; 3: ignored, to the dropped column).
     """
     num_classes, device = self.num_classes, preds.device
+    report_at_once = (
+        None if metric is None else functools.partial(_raise_not_a_class, preds, target, num_classes, self.ignore_index)
+    )
     preds = preds.transpose(0, 1).reshape(num_classes, -1).T
     target = target.flatten()
     ignored = None if self.ignore_index is None else target == self.ignore_index
@@ -515,18 +537,18 @@ def _multiclass_counts(
     buckets, rank = _buckets(preds, self.thresholds, False, self.__dict__.get(_ASCENDING, False))
     # ``target == class`` as int64 in one kernel (the lookup's index)
     kinds = torch.eq(target.unsqueeze(1), _arange(num_classes, device), out=torch.empty_like(buckets))
-    classes_only = ignored is None and (checked or metric is not None)
+    classes_only = ignored is None and metric is not None
     if not classes_only:
         kinds = kinds.add_(_sample_kinds(target, num_classes, ignored).unsqueeze(1))
     groups, num_thresholds = (1 if average == "micro" else num_classes), self.thresholds.numel()
     table = _table(_CLASS_KINDS if classes_only else _CLASS_KINDS_CHECKED, groups, num_thresholds, False, device)
     confmats, sink = _threshold_counts(table[kinds, _arange(groups, device), buckets], groups, num_thresholds, rank)
     if not classes_only:
-        keep = _checked_sink(metric, sink)
-    elif metric is None or target.dtype == torch.bool:  # (bool labels are classes)
+        keep = _checked_sink(metric, sink, report_at_once)
+    elif target.dtype == torch.bool:  # (bool labels are classes)
         keep = None
     else:
-        keep = _checked_sink(metric, _labels_outside(target, num_classes, None))
+        keep = _checked_sink(metric, _labels_outside(target, num_classes, None), report_at_once)
     return (confmats.squeeze(1) if average == "micro" else confmats), keep
 
 
@@ -544,22 +566,6 @@ def _normalized(preds: Tensor, normalization: str | None, ignored: Tensor | None
     outside = ((preds < 0) | (preds > 1)).gt_(ignored)  # stock's accelerator test on the kept entries
     normalized = activated(preds, normalization)
     return torch.where(outside.any(), normalized, preds)
-
-
-#: Where reads are free, a validated binned batch of at most this many (score, threshold) pairs is counted with
-#: stock's functions: their few large ops beat the fixed-shape path's dozen small ones there (binary x batch 64 x 100
-#: thresholds: 46 us against 54); above it the fixed-shape path is cheaper (batch 128: 55 us against 59; 10 classes x
-#: batch 32: 66 against 114; CPU time, one thread).
-STOCK_COUNTING_MAX = 1 << 13
-
-
-def _counts_withstock(self: Any, preds: Tensor) -> bool:
-    """Whether this binned update, where reads are free, counts with stock's format and update.
-
-    (Identical integers, cheaper when small.) Only after the validation ran: it raised at once for values stock's
-    counting would misplace, which the fixed-shape path leaves out instead.
-    """
-    return self.validate_args and preds.numel() * self.thresholds.numel() <= STOCK_COUNTING_MAX
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -700,17 +706,15 @@ def _file_warning(metric: Any, kind: _deferred.Check, count: Tensor) -> None:
     _deferred.record_in_compute(metric, kind, count)
 
 
-def _add_to_state(self: Any, invalid: Tensor | None, state: Tensor | tuple[Tensor, Tensor]) -> None:
-    """Stock's state update: binned counts added in place (a batch left out when invalid), else the lists appended."""
-    if isinstance(state, Tensor):
-        (state,) = _without_invalid(invalid, state)
-        add_to_states(self, ("confmat",), (state,))
-    else:
-        # stock's list states (thresholds=None): which entries of an invalid batch are bad is not known on the device
-        # path, so the batch is appended as it is; its error is raised at the next eager point (by compute() at the
-        # latest, before it returns a value)
-        self.preds.append(state[0])
-        self.target.append(state[1])
+def _append_to_lists(self: Any, preds: Tensor, target: Tensor) -> None:
+    """Stock's list-state update (``thresholds=None``): the formatted preds and targets appended.
+
+    Which entries of an invalid batch are bad is not known without a read, so where the validation filed its flag
+    unread the batch is appended as it is: its error is raised at the next eager point (by ``compute()`` at the
+    latest, before it returns a value). Where reads are free the validation raised before this.
+    """
+    self.preds.append(preds)
+    self.target.append(target)
     _deferred.sweep(self)
 
 
@@ -866,100 +870,65 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     # an argument since torchmetrics 1.8; not ``getattr(self, ..., default)``: before 1.8 that lookup fails on the
     # ``nn.Module`` (raising and catching an AttributeError, microseconds) on every update
     normalization = self.__dict__.get("normalization", "sigmoid")
-    if self.thresholds is not None and not _deferred.reads_are_free(target):
-        # the device path's binned update: the value check is the count's sink column
+    if self.thresholds is not None:  # binned: the value check is the count's sink column
         if self.validate_args:
             _binary_host_checks(preds, target)
         _add_counts(self, *_binary_counts(self, preds, target, normalization, self if self.validate_args else None))
         return
-    invalid = None
     if self.validate_args:
-        invalid = _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
-    if self.thresholds is None:
-        if self.ignore_index is not None:  # the ignored entries stay, every compute of the family leaves them out
-            preds, target = preds.flatten(), target.flatten()
-            if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
-                preds = _probabilities(preds, target != self.ignore_index, normalization)
-        else:
-            args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
-            preds, target, _ = _binary_precision_recall_curve_format(*args)
-        _add_to_state(self, invalid, (preds, target))
-        return
-    if _counts_withstock(self, preds):  # stock's format takes the thresholds (multilabel: how to drop ignored ones)
-        args = (preds, target, self.thresholds, self.ignore_index)
-        args += () if normalization == "sigmoid" else (normalization,)
+        _binary_precision_recall_curve_tensor_validation(preds, target, self.ignore_index, metric=self)
+    if self.ignore_index is not None:  # the ignored entries stay, every compute of the family leaves them out
+        preds, target = preds.flatten(), target.flatten()
+        if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
+            preds = _probabilities(preds, target != self.ignore_index, normalization)
+    else:
+        args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
         preds, target, _ = _binary_precision_recall_curve_format(*args)
-        _add_to_state(self, invalid, _binary_precision_recall_curve_update(preds, target, self.thresholds))
-        return
-    _add_to_state(self, invalid, _binary_counts(self, preds, target, normalization, None)[0])
+    _append_to_lists(self, preds, target)
 
 
 @replaces(f"{_MODULE}.MulticlassPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
 def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
     average = getattr(self, "average", None)
-    if self.thresholds is not None and not _deferred.reads_are_free(target):
-        # the device path's binned update: the label check is part of the count
+    if self.thresholds is not None:  # binned: the label check is part of the count
         checked = self if self.validate_args else None
         if checked is not None:
             _multiclass_host_checks(preds, target, self.num_classes)
-        _add_counts(self, *_multiclass_counts(self, preds, target, average, checked, False))
+        _add_counts(self, *_multiclass_counts(self, preds, target, average, checked))
         return
-    invalid = None
     if self.validate_args:
-        invalid = _multiclass_precision_recall_curve_tensor_validation(
+        _multiclass_precision_recall_curve_tensor_validation(
             preds, target, self.num_classes, self.ignore_index, metric=self
         )
-    if self.thresholds is None:
-        # stock's ``one_hot`` reads the target range, with ``ignore_index`` or without
-        if average == "micro":
-            preds, target = _micro_list_state(preds, target, self.num_classes, self.ignore_index)
-        elif self.ignore_index is not None:
-            preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
-            preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
-        else:
-            preds, target, _ = _multiclass_precision_recall_curve_format(
-                preds, target, self.num_classes, None, self.ignore_index, average
-            )
-        _add_to_state(self, invalid, (preds, target))
-        return
-    if _counts_withstock(self, preds):
+    # stock's ``one_hot`` reads the target range, with ``ignore_index`` or without
+    if average == "micro":
+        preds, target = _micro_list_state(preds, target, self.num_classes, self.ignore_index)
+    elif self.ignore_index is not None:
+        preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
+        preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
+    else:
         preds, target, _ = _multiclass_precision_recall_curve_format(
-            preds, target, self.num_classes, self.thresholds, self.ignore_index, average
+            preds, target, self.num_classes, None, self.ignore_index, average
         )
-        state = _multiclass_precision_recall_curve_update(preds, target, self.num_classes, self.thresholds, average)
-    else:  # (reads are free here: a validated batch holds classes only)
-        state = _multiclass_counts(self, preds, target, average, None, self.validate_args)[0]
-    _add_to_state(self, invalid, state)
+    _append_to_lists(self, preds, target)
 
 
 @replaces(f"{_MODULE}.MultilabelPrecisionRecallCurve.update", params=("self", "preds", "target"), kind="metric_method")
 def _multilabel_update(self: Any, preds: Tensor, target: Tensor) -> None:
     _refresh_kinds(self)
-    if self.thresholds is not None and not _deferred.reads_are_free(target):
-        # the device path's binned update: the value check is the count's sink column
+    if self.thresholds is not None:  # binned: the value check is the count's sink column
         checked = self if self.validate_args else None
         if checked is not None:
             _binary_host_checks(preds, target)
             _num_labels_check(preds, self.num_labels)
         _add_counts(self, *_multilabel_counts(self, preds, target, checked))
         return
-    invalid = None
     if self.validate_args:
-        invalid = _multilabel_precision_recall_curve_tensor_validation(
+        _multilabel_precision_recall_curve_tensor_validation(
             preds, target, self.num_labels, self.ignore_index, metric=self
         )
-    if self.thresholds is None:
-        preds, target, _ = _multilabel_precision_recall_curve_format(
-            preds, target, self.num_labels, None, self.ignore_index
-        )
-        _add_to_state(self, invalid, (preds, target))
-        return
-    if _counts_withstock(self, preds):
-        preds, target, _ = _multilabel_precision_recall_curve_format(
-            preds, target, self.num_labels, self.thresholds, self.ignore_index
-        )
-        state = _multilabel_precision_recall_curve_update(preds, target, self.num_labels, self.thresholds)
-    else:
-        state = _multilabel_counts(self, preds, target, None)[0]
-    _add_to_state(self, invalid, state)
+    preds, target, _ = _multilabel_precision_recall_curve_format(
+        preds, target, self.num_labels, None, self.ignore_index
+    )
+    _append_to_lists(self, preds, target)

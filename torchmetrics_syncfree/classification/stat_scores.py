@@ -157,7 +157,7 @@ def _adjust_weights_safe_divide(
     return _safe_divide(weights * score, weights.sum(-1, keepdim=True)).sum(-1)
 
 
-_NORMALIZE_LOGITS = f"{_COMPUTE}.normalize_logits_if_needed"  # (built once: the CPU path of every update asks for it)
+_NORMALIZE_LOGITS = f"{_COMPUTE}.normalize_logits_if_needed"
 
 
 @replaces(_NORMALIZE_LOGITS, params=("tensor", "normalization"), everywhere=True)
@@ -165,15 +165,28 @@ def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Ten
     """Apply sigmoid/softmax if any value is outside [0, 1], choosing on the device (``torch.where``).
 
     Stock already does exactly this on accelerators and reads the flag on the host only for CPU tensors, where the read
-    is free; that CPU branch is kept, except under a CPU ``SyncProbe`` that simulates a GPU.
+    is free: there its test is kept (NaN counts as outside [0, 1]), read from one reduction (:func:`_in_unit_interval`),
+    except under a CPU ``SyncProbe`` that simulates a GPU.
     """
     if not normalization:
         return tensor
     if _deferred.reads_are_free(tensor):
-        return stock(_NORMALIZE_LOGITS)(tensor, normalization)
+        return tensor if _in_unit_interval(tensor) else activated(tensor, normalization)
     outside = ((tensor < 0) | (tensor > 1)).any()
     normalized = activated(tensor, normalization)
     return torch.where(outside, normalized, tensor)
+
+
+def _in_unit_interval(tensor: Tensor) -> bool:
+    """Stock's CPU logits test ``torch.all((tensor >= 0) * (tensor <= 1))``, read from one ``aminmax`` (four ops less).
+
+    ``aminmax`` propagates NaN, which then fails both comparisons as it fails stock's. Half tensors are compared in
+    float32 (exact; torch 2.0 has no half ``aminmax`` on the CPU).
+    """
+    if tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor.float() if tensor.dtype == torch.float16 else tensor)
+    return low.item() >= 0 and high.item() <= 1
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -567,15 +580,18 @@ def _count_into_state(metric: Any, name: str, index: Tensor, weights: Tensor | N
         state.put_(index, weights, accumulate=True)
 
 
-def _checked_sink(metric: Any | None, invalid: Tensor) -> Tensor | None:
+def _checked_sink(
+    metric: Any | None, invalid: Tensor, report_at_once: Callable[[], None] | None = None
+) -> Tensor | None:
     """With ``metric`` (``validate_args``): file the count of invalid entries and return ``keep``.
 
-    The count is an error's: any positive count raises once at the next eager point. ``keep`` (a 0-dim bool: no
-    invalid entry) leaves the batch out of the state.
+    The count is an error's: any positive count raises once at the next eager point (where reads are free: at once,
+    by ``report_at_once`` where given: stock's error). ``keep`` (a 0-dim bool: no invalid entry) leaves the batch out
+    of the state.
     """
     if metric is None:
         return None
-    _deferred.record(metric, _deferred.INVALID_VALUES, invalid)
+    _deferred.record(metric, _deferred.INVALID_VALUES, invalid, report_at_once)
     return invalid.eq(0)
 
 
