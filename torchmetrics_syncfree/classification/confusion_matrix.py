@@ -70,6 +70,7 @@ from torchmetrics_syncfree.classification.stat_scores import (
     _count_into_state,
     _file_invalid,
     _flat_long,
+    _in_unit_interval,
     _multiclass_shape_checks,
     _multiclass_stat_scores_tensor_validation,
     _raise_not_a_class,
@@ -167,9 +168,9 @@ def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Te
     if kept is None:
         return normalize_logits_if_needed(preds, normalization)
     if _deferred.reads_are_free(preds):
-        # stock's CPU test, read at once: the activation only where it is needed (the same values, less work)
-        logits = bool((~((preds >= 0) & (preds <= 1)) & kept).any())
-        return activated(preds, normalization) if logits else preds
+        # stock's CPU test, read at once from one reduction over the kept entries (the others stand in as 0.5): the
+        # activation only where it is needed (the same values, less work)
+        return preds if _in_unit_interval(torch.where(kept, preds, 0.5)) else activated(preds, normalization)
     normalized = activated(preds, normalization)
     return torch.where((((preds < 0) | (preds > 1)) & kept).any(), normalized, preds)
 
