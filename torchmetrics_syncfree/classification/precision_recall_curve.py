@@ -199,9 +199,7 @@ def _binary_precision_recall_curve_tensor_validation(
     if metric is None:
         return _stock_binary_validation(preds, target, ignore_index)
     _binary_host_checks(preds, target)
-    return _check_labels(
-        metric, target, 2, ignore_index, functools.partial(_stock_binary_validation, preds, target, ignore_index)
-    )
+    return _check_labels(metric, target, 2, ignore_index, _stock_binary_report(metric, preds, target, ignore_index))
 
 
 def _stock_binary_validation(preds: Tensor, target: Tensor, ignore_index: int | None) -> None:
@@ -498,7 +496,7 @@ def _stock_binary_report(
 ) -> Callable[[], None] | None:
     """Stock's binary (and multilabel) value check of an update's inputs: it raises stock's error.
 
-    The report of invalid targets counted where reads are free; ``None`` without validation (no ``metric``).
+    The report of invalid targets found where reads are free; ``None`` without validation (no ``metric``).
     """
     return None if metric is None else functools.partial(_stock_binary_validation, preds, target, ignore_index)
 

@@ -165,9 +165,9 @@ def pair_confusion(tables: PairTables) -> Tensor:
     Stock's ``(contingency * sum_k).sum()`` weighs each cell by its column's sum: per column that is the column sum
     squared, so every entry is a difference of :func:`squared_sums`.
     """
-    cells, same_target, same_preds = squared_sums(tables).unbind()
+    cells, target_clusters, preds_clusters = squared_sums(tables).unbind()
     n = tables.n
-    same_preds, same_target = same_target - cells, same_preds - cells  # stock's [0, 1] and [1, 0]
+    same_preds, same_target = target_clusters - cells, preds_clusters - cells  # stock's [0, 1] and [1, 0]
     neither = n * n - same_preds - same_target - cells
     return torch.stack([neither, same_preds, same_target, cells - n]).view(2, 2)
 
