@@ -117,6 +117,18 @@ def test_parity_deterministic_mode(path: str) -> None:
         torch.use_deterministic_algorithms(previous)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("ignore_index", [None, -1, 1])
+def test_parity_on_devices_without_put(monkeypatch: pytest.MonkeyPatch, path: str, ignore_index: int | None) -> None:
+    """XLA and MPS (no ``put_``): a validated update counts with the confusion bins, its labels read or not."""
+    import torchmetrics_syncfree.classification.stat_scores as stat_scores
+
+    monkeypatch.setattr(stat_scores, "_XLA", True)
+    data = batches("multiclass", ignore_index, seed=13)
+    make = lambda: make_metric("Precision", "multiclass", "macro", ignore_index)  # noqa: E731
+    parity({f"macro-{ignore_index}": (make, data)}, path=path)
+
+
 def test_functional_api_parity() -> None:
     from torchmetrics.functional.classification import multiclass_f1_score, multilabel_precision
 

@@ -813,19 +813,19 @@ def _multiclass_stat_scores_update(
     multidim_average: str = "global",
     ignore_index: int | None = None,
     validated: bool = False,
+    labels_read: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Stock's statistics with fixed-shape ops only, in O(entries x top_k + classes) (see the module docstring).
 
-    ``validated``: the labels were just validated by the metric's update: they are all classes (read where reads are
-    free), or the update leaves the batch out whole when they are not.
+    ``validated``: the labels were just validated by the metric's update: they are all classes, or the update leaves
+    the batch out whole when they are not. ``labels_read``: that validation read them (it returned no flag): they are.
     """
     samplewise = multidim_average == "samplewise"
     if top_k == 1 and average == "micro" and not samplewise:
         return _micro_block(preds, target, num_classes, ignore_index).flatten().unbind()
     if _XLA or preds.is_mps:  # no ``put_`` there: upstream's fixed-shape mesh counting, or the one-hot comparison
         if top_k == 1 and not samplewise:
-            labels_checked = validated and _deferred.reads_are_free(preds)
-            return _confusion_counts(preds, target, num_classes, ignore_index, labels_checked)
+            return _confusion_counts(preds, target, num_classes, ignore_index, labels_read)
         return _one_hot_counts(preds, target, num_classes, top_k, multidim_average, ignore_index)
     if top_k == 1:
         labels, from_scores = preds, False
@@ -947,6 +947,7 @@ def _multiclass_update_by_functional(self: Any, preds: Tensor, target: Tensor) -
         self.multidim_average,
         self.ignore_index,
         validated=self.validate_args,
+        labels_read=self.validate_args and invalid is None,
     )
     self._update_state(*_without_invalid(invalid, tp, fp, tn, fn, in_place=True))
     _deferred.sweep(self)
