@@ -361,6 +361,24 @@ def test_series_applies_and_matches_the_layer(checkout: Path, snapshot: Path):
     assert sum(len(specs) for specs in targets.values()) == len(specs)
 
 
+def test_curve_costs_tool_times_the_series_against_its_upstream(checkout: Path, snapshot: Path):
+    """``tools/series_curve_costs.py`` (the timing table of patch 12's README) runs both trees and compares counts."""
+    if not snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0])):
+        pytest.skip("the series is made against master: timed there")
+    series.apply(checkout)
+    tool = Path(__file__).resolve().parents[1] / "tools" / "series_curve_costs.py"
+    run = subprocess.run(
+        [sys.executable, str(tool), str(checkout), "--quick"], capture_output=True, text=True, timeout=900, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.stdout.splitlines()
+    assert rows[0].startswith("| case (one `update`, CPU, one thread) | upstream (us) | series (us) |")
+    assert len(rows) == 2 + 9
+    for row in rows[2:]:
+        *_, ratio, same = (cell.strip() for cell in row.strip("|").split("|"))
+        assert float(ratio) > 0 and same == "yes", row
+
+
 def test_areas_left_out_of_the_series_are_real_areas():
     from torchmetrics_syncfree import _registry
 
