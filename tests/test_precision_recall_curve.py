@@ -106,6 +106,24 @@ def test_binned_state_is_stocks(path: str) -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("task", ["binary", "multilabel"])
+def test_float_targets_without_validation_count_as_stocks_truncated_labels(path: str, task: str) -> None:
+    """With ``validate_args=False`` stock counts float targets as ``target.long()`` (0.5 is a negative): so does the
+    patched count (it failed on the float index)."""
+    target = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 1.5])
+    preds = torch.linspace(0, 1, 8)
+    if task == "multilabel":
+        preds, target = preds.view(4, 2), target.view(4, 2)
+    size = {"num_labels": 2} if task == "multilabel" else {}
+    stock = torchmetrics.classification.PrecisionRecallCurve(task=task, thresholds=5, validate_args=False, **size)
+    stock.update(preds, target)
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        patched = torchmetrics.classification.PrecisionRecallCurve(task=task, thresholds=5, validate_args=False, **size)
+        patched.update(preds, target)
+    assert torch.equal(patched.confmat, stock.confmat)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "name",
     # the subclasses add stock's computes to the same update (whose states test_binned_state_is_stocks checks on every

@@ -462,7 +462,8 @@ def _label_counts(
     validation's (``report_at_once``: stock's error where reads are free), and the second result says whether the
     batch may enter the state.
     """
-    labels = target if target.dtype not in (torch.uint8, torch.bool) else target.long()  # (-1 must be negative)
+    # as int64 where the dtype holds no -1 (uint8, bool), and floats as stock's ``target.long()`` truncates them
+    labels = target.long() if target.dtype in (torch.uint8, torch.bool) or target.is_floating_point() else target
     kinds = labels.clamp(-1, 2)
     if ignored is not None:
         kinds = kinds.masked_fill_(ignored, 3)
