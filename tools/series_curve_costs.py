@@ -6,24 +6,27 @@
     python tools/series_curve_costs.py --series SRC --upstream SRC  # two ``src`` folders (or site-packages) instead
     python tools/series_curve_costs.py /work/series-master --quick  # one call per side: a smoke test, no timing
 
-A series checkout holds the patched tree (its work tree) and the snapshot it applies on (tag ``upstream``, exported
-into a temporary folder). Per case: one ``update`` of a metric on CPU tensors (one thread, best of 7 rounds), each side
-in its own process, the sides interleaved (3 rounds; the best of them), as a ratio of the series' time to upstream's;
-and whether both sides count the same ``confmat`` after that update. Prints a markdown table; exits 1 where the counts
+A series checkout holds the patched tree (its work tree) and the snapshot it applies on (tag ``upstream``, checked out
+in a scratch worktree). Per case: one ``update`` of a metric on CPU tensors (one thread, best of 7 rounds), each side in
+its own process, the sides interleaved (3 rounds; the best of them), as a ratio of the series' time to upstream's; and
+whether both sides count the same ``confmat`` after that update. Prints a markdown table; exits 1 where the counts
 differ.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from _upstream import git
 
 #: (name, metric, inputs): binary batches of 32 (ROC validates, AUROC does not), a large batch (upstream's loop over
 #: the thresholds), thresholds given unsorted, and multiclass/multilabel at the sizes users keep
@@ -92,15 +95,17 @@ def _run_side(src: Path, quick: bool) -> dict[str, list[float]]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _export_upstream(checkout: Path, into: Path) -> Path:
-    archive = into / "upstream.tar"
-    subprocess.run(["git", "-C", str(checkout), "archive", "-o", str(archive), "upstream", "src"], check=True)
-    with tarfile.open(archive) as tar:
-        if hasattr(tarfile, "data_filter"):  # Python 3.8.17+, 3.9.17+, 3.10.12+, 3.11.4+
-            tar.extractall(into, filter="data")
-        else:
-            tar.extractall(into)
-    return into / "src"
+@contextlib.contextmanager
+def _upstream_tree(checkout: Path) -> Iterator[Path]:
+    """The checkout's tag ``upstream`` in a scratch worktree (as ``series.py`` makes its scratch trees)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "upstream"
+        git("worktree", "add", "-q", "--detach", str(tree), "upstream", cwd=checkout)
+        try:
+            yield tree / "src"
+        finally:
+            git("worktree", "remove", "--force", str(tree), cwd=checkout, check=False)
+            git("worktree", "prune", cwd=checkout, check=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,16 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.quick)
         return 0
-    with tempfile.TemporaryDirectory() as scratch:
-        if args.checkout is not None:
-            series, upstream = args.checkout / "src", _export_upstream(args.checkout, Path(scratch))
-        elif args.series is not None and args.upstream is not None:
-            series, upstream = args.series, args.upstream
-        else:
-            parser.error("give a series checkout, or both --series and --upstream")
-        best: dict[str, dict[str, list[float]]] = {"upstream": {}, "series": {}}
+    if args.checkout is not None:
+        series, upstream = args.checkout / "src", _upstream_tree(args.checkout)
+    elif args.series is not None and args.upstream is not None:
+        series, upstream = args.series, contextlib.nullcontext(args.upstream)
+    else:
+        parser.error("give a series checkout, or both --series and --upstream")
+    best: dict[str, dict[str, list[float]]] = {"upstream": {}, "series": {}}
+    with upstream as upstream_src:
         for _ in range(1 if args.quick else 3):
-            for side, src in (("upstream", upstream), ("series", series)):
+            for side, src in (("upstream", upstream_src), ("series", series)):
                 for name, (us, checksum) in _run_side(src, args.quick).items():
                     known = best[side].get(name)
                     best[side][name] = [min(us, known[0]) if known else us, checksum]
