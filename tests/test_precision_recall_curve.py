@@ -117,10 +117,12 @@ def test_float_targets_without_validation_count_as_stocks_truncated_labels(path:
     size = {"num_labels": 2} if task == "multilabel" else {}
     stock = torchmetrics.classification.PrecisionRecallCurve(task=task, thresholds=5, validate_args=False, **size)
     stock.update(preds, target)
-    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext() as probe:
         patched = torchmetrics.classification.PrecisionRecallCurve(task=task, thresholds=5, validate_args=False, **size)
         patched.update(preds, target)
     assert torch.equal(patched.confmat, stock.confmat)
+    if path == "device":  # the update reads nothing
+        assert probe.count == 0, probe.events
 
 
 @pytest.mark.parametrize("path", PATHS)
