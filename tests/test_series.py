@@ -283,7 +283,7 @@ def test_no_pull_request_rewrites_the_lines_of_another():
     assert {pair: lines for pair, lines in found.items() if lines} == REWRITTEN_LINES
 
 
-def test_the_ddp_pass_runs_only_where_a_selected_file_marks_ddp_tests(tmp_path: Path):
+def test_the_ddp_pass_runs_only_where_a_selected_test_may_be_marked_ddp(tmp_path: Path):
     """The DDP pass costs about 6 s even when empty: only for a selection that may hold a DDP test."""
     unittests = tmp_path / "tests" / "unittests"
     (unittests / "area").mkdir(parents=True)
@@ -293,6 +293,19 @@ def test_the_ddp_pass_runs_only_where_a_selected_file_marks_ddp_tests(tmp_path: 
     assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_ddp.py::test_a"])
     assert series._marks_ddp_tests(tmp_path, ["unittests/area"])
     assert not series._marks_ddp_tests(tmp_path, ["unittests/area/test_plain.py", "unittests/area/test_plain.py::b"])
+    # of a file selected by node ids, a DDP sibling does not count; module-level code and the selected test do
+    suite = unittests / "area" / "test_suite.py"
+    sibling = "class TestSuite:\n    @pytest.mark.DDP\n    def test_ddp(self):\n        pass\n\n\n"
+    added = "@pytest.mark.parametrize('x', [1])\ndef test_added(x):\n    pass\n"
+    suite.write_text(sibling + added)
+    assert not series._marks_ddp_tests(tmp_path, ["unittests/area/test_suite.py::test_added[1]"])
+    assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_suite.py::TestSuite::test_ddp"])
+    whole = "unittests/area/test_suite.py"
+    assert series._marks_ddp_tests(tmp_path, [f"{whole}::test_added", whole])
+    suite.write_text("CASES = [pytest.param(True, marks=pytest.mark.DDP)]\n\n\n" + sibling + added)
+    assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_suite.py::test_added"])
+    suite.write_text(sibling + added.replace("@pytest.mark.parametrize", "@pytest.mark.DDP\n@pytest.mark.parametrize"))
+    assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_suite.py::test_added"])
     (unittests / "_helpers.py").write_text("DDP_CASE = pytest.param(True, marks=pytest.mark.DDP)\n")
     assert series._marks_ddp_tests(tmp_path, ["unittests/area/test_plain.py"])
 

@@ -23,6 +23,7 @@ line) that failed, runs ``git am --abort`` and so restores the checkout's HEAD, 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import email
 import hashlib
@@ -1040,11 +1041,45 @@ def _marks_ddp_tests(tree: Path, tests: Sequence[str]) -> bool:
 
     Upstream marks its DDP tests where they are written (``pytest.mark.DDP`` in the test file); a helper module that
     did it for them (any non-test module under ``unittests/`` that names the mark) makes every selection answer yes.
+    A whole file is read whole; of a file selected by node ids (the tests a pull request adds) only the module-level
+    code and the selected top-level tests (:func:`_selected_source`): the suites they join mark their own tests
+    ``DDP``, which the run deselects anyway.
     """
     root = tree / "tests"
     helpers = (p for p in (root / "unittests").rglob("*.py") if not p.name.startswith("test_"))
-    candidates = [p for t in tests for p in _test_files(root / _file_of(t))]
-    return any("mark.DDP" in p.read_text(encoding="utf-8", errors="replace") for p in (*helpers, *candidates))
+    if any("mark.DDP" in p.read_text(encoding="utf-8", errors="replace") for p in helpers):
+        return True
+    selected: dict[Path, set[str] | None] = {}
+    for test in tests:
+        path, _, name = test.partition("::")
+        for file in _test_files(root / path):
+            names = selected.setdefault(file, set())
+            if not name or names is None:
+                selected[file] = None  # the whole file
+            else:
+                names.add(re.split(r"[\[:]", name, maxsplit=1)[0])
+    return any("mark.DDP" in _selected_source(file, names) for file, names in selected.items())
+
+
+def _selected_source(path: Path, names: set[str] | None) -> str:
+    """The text of test file ``path`` that can mark the tests ``names`` (all where ``None``).
+
+    That is the file less its top-level functions and classes that are not selected: a mark reaches a test from its
+    own definition or from module-level code (``pytestmark``, a parametrize list), never from a sibling test.
+    """
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if names is None:
+        return text
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        return text
+    lines = text.splitlines(keepends=True)
+    for node in reversed(module.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name not in names:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+            del lines[first : node.end_lineno]
+    return "".join(lines)
 
 
 def _test_files(path: Path) -> list[Path]:

@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="force the patched code's device path on CPU tensors (--syncfree-device-path): the GPU code path",
     )
+    parser.add_argument(
+        "--process-pool",
+        action="store_true",
+        help="run upstream's DDP tests in its process pool (USE_PYTEST_POOL=1: fixed ports, so no xdist)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="test paths (relative to the tree's tests/) and pytest options")
     args = parser.parse_args(argv)
     args.archive = locate_snapshot(args.archive)
@@ -43,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tm-upstream-") as tmp:
         tests = unpack(args.archive, Path(tmp), prefixes=("torchmetrics/tests/", "torchmetrics/pyproject")) / "tests"
         env = dict(os.environ)
+        if args.process_pool:
+            env["USE_PYTEST_POOL"] = "1"
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE"]
         if not args.stock:
             command.append("--syncfree-patch")
