@@ -24,6 +24,8 @@ import torchmetrics_syncfree
 from tests._classification_cases import PATHS, cuda, parity, pending_checks, run_case
 from tests._probing import syncs_are_errors, warning_messages
 from torchmetrics_syncfree import SyncProbe, _instrumentation
+from torchmetrics_syncfree.nominal.utils import chi_squared
+from torchmetrics_syncfree.tools.launches import count_launches
 
 NUM = 5
 COPY = {"arrived": 0, "in_flight": None}
@@ -53,7 +55,8 @@ def _label(cls: type, kwargs: dict[str, Any]) -> str:
 def _batches(seed: int, n: int = 24) -> list[tuple[Tensor, Tensor]]:
     """Float labels with empty rows and columns (class 2 never predicted, class 3 never a target), NaN pairs, 2-d
     scores, int64 labels, fractional labels (truncated), a pred outside the classes whose index stays in the table
-    (stock counts it in another cell), and a batch of one target class (one row: df 0, stock's warning)."""
+    (stock counts it in another cell), a batch of two associated classes (a 2 x 2 table: df 1, Yates' correction
+    where bias is corrected) and a batch of one target class (one row: df 0, stock's warning)."""
     gen = torch.Generator().manual_seed(seed)
     preds = torch.randint(0, NUM, (n,), generator=gen)
     target = (preds + torch.randint(-1, 2, (n,), generator=gen)).clamp(0, NUM - 1)
@@ -71,6 +74,7 @@ def _batches(seed: int, n: int = 24) -> list[tuple[Tensor, Tensor]]:
         (preds.long(), target.long()),
         (preds + 0.7, target + 0.2),
         outside,
+        (preds.long() % 2, (preds.long() % 2).index_fill(0, torch.arange(4), 1)),
         (torch.arange(n).float() % NUM, torch.zeros(n)),
     ]
 
@@ -113,6 +117,40 @@ def test_theils_u_of_a_zero_entropy_is_a_float_zero_on_the_device_path(syncfree:
     assert cpu.compute().dtype == torch.int64
     assert value.dtype == torch.float32
     assert float(value) == 0.0
+
+
+def test_a_table_of_one_row_has_stocks_zero_statistic() -> None:
+    """Stock returns 0 where ``df == 0`` (one filled row or column) without summing; the full table's sum of terms
+    is not 0 there when ``rows * cols / total`` rounds (counts past 2**24 in float32): ``df`` selects the 0."""
+    table = torch.zeros(3, 3)
+    table[1] = torch.tensor([580620.0, 904195.0, 51040.0])
+    expected = torch.outer(table.sum(1), table.sum(0)) / table.sum()
+    assert ((table - expected) ** 2 / expected).nansum() != 0
+    statistic, degrees, df, _ = chi_squared(table, bias_correction=True)
+    assert (float(statistic), degrees.tolist(), int(df)) == (0.0, [0, 2], 0)
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("cls", METRICS, ids=lambda cls: cls.__name__)
+def test_device_compute_launches_at_most_stocks(cls: type, bias_correction: bool) -> None:
+    """The fixed-shape compute launches no more kernels than stock's, which reads the host instead (5 classes)."""
+    if cls not in CORRECTED and not bias_correction:
+        pytest.skip("no bias correction")
+    kwargs = {"bias_correction": bias_correction} if cls in CORRECTED else {}
+    preds, target = _batches(seed=3)[3]
+    counts = {}
+    for mode in ("stock", "patched"):
+        with torchmetrics_syncfree.patched() if mode == "patched" else contextlib.nullcontext():
+            metric = cls(num_classes=NUM, **kwargs)
+            metric.update(preds, target)
+            _instrumentation.force_device_path(mode == "patched")
+            try:
+                with _instrumentation.simulated_copy_delay(None), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    counts[mode] = count_launches(type(metric).compute, metric)[0]
+            finally:
+                _instrumentation.force_device_path(False)
+    assert counts["patched"] <= counts["stock"], counts
 
 
 @pytest.mark.parametrize("copy_state", list(COPY))

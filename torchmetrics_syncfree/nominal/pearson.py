@@ -5,8 +5,8 @@ stock                                                sync-free (device path)
 ==================================================  ===========================================================
 update: ``bincount`` of ``target * C + preds``,      fixed-size counting into the table plus a sink cell
 ``nan_strategy="drop"`` by boolean mask              (:mod:`~torchmetrics_syncfree.nominal.utils`)
-compute: empty rows and columns dropped (boolean     kept, their terms neutralised with ``torch.where``
-masks), ``if df == 0``
+compute: empty rows and columns dropped (boolean     kept: their cells' terms are ``0 / 0``, which
+masks), ``if df == 0``                               ``nansum`` skips; ``df`` selects by multiplying
 ==================================================  ===========================================================
 
 As :mod:`~torchmetrics_syncfree.nominal.cramers` (the same paths, tolerance and index check; this statistic has
