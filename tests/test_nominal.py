@@ -121,7 +121,7 @@ def test_theils_u_of_a_zero_entropy_is_a_float_zero_on_the_device_path(syncfree:
 
 def test_a_table_of_one_row_has_stocks_zero_statistic() -> None:
     """Stock returns 0 where ``df == 0`` (one filled row or column) without summing; the full table's sum of terms
-    is not 0 there when ``rows * cols / total`` rounds (counts past 2**24 in float32): ``df`` selects the 0."""
+    is not 0 there when ``rows * cols / total`` rounds (products past 2**24 in float32): ``df`` selects the 0."""
     table = torch.zeros(3, 3)
     table[1] = torch.tensor([580620.0, 904195.0, 51040.0])
     expected = torch.outer(table.sum(1), table.sum(0)) / table.sum()
