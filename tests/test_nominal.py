@@ -23,6 +23,7 @@ from torchmetrics.nominal import CramersV, PearsonsContingencyCoefficient, Theil
 import torchmetrics_syncfree
 from tests._classification_cases import PATHS, cuda, parity, pending_checks, run_case
 from tests._probing import syncs_are_errors, warning_messages
+from tests.test_wrapper_checks import _device_path
 from torchmetrics_syncfree import SyncProbe, _instrumentation
 from torchmetrics_syncfree.nominal.utils import chi_squared
 from torchmetrics_syncfree.tools.launches import count_launches
@@ -130,26 +131,22 @@ def test_a_table_of_one_row_has_stocks_zero_statistic() -> None:
     assert (float(statistic), degrees.tolist(), int(df)) == (0.0, [0, 2], 0)
 
 
-@pytest.mark.parametrize("bias_correction", [True, False])
-@pytest.mark.parametrize("cls", METRICS, ids=lambda cls: cls.__name__)
-def test_device_compute_launches_at_most_stocks(cls: type, bias_correction: bool) -> None:
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(cls, {"bias_correction": bias}) for cls in CORRECTED for bias in (True, False)]
+    + [(cls, {}) for cls in METRICS if cls not in CORRECTED],
+    ids=lambda value: value.__name__ if isinstance(value, type) else "-".join(f"{k}={v}" for k, v in value.items()),
+)
+def test_device_compute_launches_at_most_stocks(cls: type, kwargs: dict[str, Any]) -> None:
     """The fixed-shape compute launches no more kernels than stock's, which reads the host instead (5 classes)."""
-    if cls not in CORRECTED and not bias_correction:
-        pytest.skip("no bias correction")
-    kwargs = {"bias_correction": bias_correction} if cls in CORRECTED else {}
     preds, target = _batches(seed=3)[3]
     counts = {}
     for mode in ("stock", "patched"):
-        with torchmetrics_syncfree.patched() if mode == "patched" else contextlib.nullcontext():
+        with _device_path(None) if mode == "patched" else contextlib.nullcontext(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             metric = cls(num_classes=NUM, **kwargs)
             metric.update(preds, target)
-            _instrumentation.force_device_path(mode == "patched")
-            try:
-                with _instrumentation.simulated_copy_delay(None), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    counts[mode] = count_launches(type(metric).compute, metric)[0]
-            finally:
-                _instrumentation.force_device_path(False)
+            counts[mode] = count_launches(type(metric).compute, metric)[0]
     assert counts["patched"] <= counts["stock"], counts
 
 

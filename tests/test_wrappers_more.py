@@ -241,14 +241,9 @@ def test_multioutput_neutralised_rows_launch_at_most_2_25_times_stocks() -> None
         metric.update(*_outputs(0, True))
         return count_launches(metric.update, *_outputs(1, True))[0]
 
-    _instrumentation.force_device_path(True)
-    try:
-        with _instrumentation.simulated_copy_delay(None):
-            stock = launches()
-            with patched():
-                ours = launches()
-    finally:
-        _instrumentation.force_device_path(False)
+    stock = launches()
+    with _device_path(None):
+        ours = launches()
     assert ours <= 2.25 * stock, (ours, stock)
 
 
