@@ -1,6 +1,6 @@
-"""MinMaxMetric: stock's values on both patched paths, a sync-free ``forward``/``compute`` on the device path
-(stock's ``if self.max_val < val`` seen unpatched), stock's errors for unsuitable values, the documented dtype
-deviation, and a compute that traces without a graph break."""
+"""MinMaxMetric: stock's values on both patched paths, a sync-free ``forward``/``compute`` (stock's ``if self.max_val
+< val`` seen unpatched), stock's errors for unsuitable values, the documented dtype deviation on every path, and a
+compute that traces without a graph break."""
 
 from __future__ import annotations
 
@@ -160,19 +160,19 @@ def test_nan_values_never_win_as_in_stock(syncfree: Any) -> None:
     assert (float(out["max"]), float(out["min"])) == (0.25, 0.25)
 
 
-def test_bounds_take_the_values_dtype_on_the_device_path(syncfree: Any) -> None:
-    """Documented deviation: a float64 NaN first value leaves stock's bounds float32 (the value did not win); the
-    device path cannot choose a dtype on the device, so they are float64 there (same value: -inf and inf)."""
+@pytest.mark.parametrize("path", PATHS)
+def test_bounds_take_the_values_dtype(path: str) -> None:
+    """Documented deviation, on every path: a float64 NaN first value leaves stock's bounds float32 (the value did not
+    win); a choice made on the device cannot choose a dtype, so they are float64 (same value: -inf and inf)."""
     value = torch.tensor(float("nan"), dtype=torch.float64)
-    with SyncProbe():
+    stock = MinMaxMetric(_Returns(value))
+    stock.update()
+    assert stock.compute()["max"].dtype == torch.float32
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
         out = MinMaxMetric(_Returns(value))
         out.update()
         result = out.compute()
     assert (result["max"].dtype, float(result["max"]), float(result["min"])) == (torch.float64, -torch.inf, torch.inf)
-    torchmetrics_syncfree.unpatch_all()
-    stock = MinMaxMetric(_Returns(value))
-    stock.update()
-    assert stock.compute()["max"].dtype == torch.float32
 
 
 @pytest.mark.parametrize("duplicate", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))], ids=["copy", "pickle"])

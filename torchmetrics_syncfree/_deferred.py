@@ -428,6 +428,25 @@ def forward_holds_counters(metric: Any) -> tuple[bool, bool]:
     return True, idle
 
 
+def filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
+    """Before ``forward``'s batch ``compute``: a function that adds what that compute files to the cached counters.
+
+    A full-state ``forward`` restores the states cached from before the batch after it, which would drop what the
+    batch's compute filed on the device path.
+    """
+    counters = counters_of(metric)
+    if counters is None or not kinds_of(metric) or reads_are_free(counters):
+        return lambda cache: None  # where reads are free a compute reports what it finds at once: nothing is filed
+    before = counters.clone()
+
+    def add(cache: dict[str, Any]) -> None:
+        after = counters_of(metric)
+        if STATE in cache and after is not None and after.shape == before.shape:
+            cache[STATE] = cache[STATE] + (after - before)
+
+    return add
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # reading at eager points
 

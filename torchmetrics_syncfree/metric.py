@@ -241,21 +241,6 @@ def _restore_after_forward(self: Any, compute_on_cpu: bool) -> None:
         self._move_list_states_to_cpu()
 
 
-def _filed_by_compute(metric: Any) -> Callable[[dict[str, Any]], None]:
-    """Before ``forward``'s batch ``compute``: a function that adds what that compute files to the cached counters."""
-    counters = _deferred.counters_of(metric)
-    if counters is None or not _deferred.kinds_of(metric) or _deferred.reads_are_free(counters):
-        return lambda cache: None  # where reads are free a compute reports what it finds at once: nothing is filed
-    before = counters.clone()
-
-    def add(cache: dict[str, Any]) -> None:
-        after = _deferred.counters_of(metric)
-        if _deferred.STATE in cache and after is not None and after.shape == before.shape:
-            cache[_deferred.STATE] = cache[_deferred.STATE] + (after - before)
-
-    return add
-
-
 @replaces(f"{_METRIC}._forward_full_state_update", params=("self", "args", "kwargs"))
 def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
     """Stock's two-update forward, marked as inside ``forward`` from its start and restored if anything raises."""
@@ -288,7 +273,7 @@ def _forward_full_state_update(self: Any, *args: Any, **kwargs: Any) -> Any:
         if idle:  # reads are free: a compute reports what it finds at once, nothing is filed
             batch_value = self.compute()
         else:
-            filed_by_compute = _filed_by_compute(self)
+            filed_by_compute = _deferred.filed_by_compute(self)
             batch_value = self.compute()
             # what the batch's compute filed (its warnings) goes on with the global state: restoring it would drop them
             filed_by_compute(cache)

@@ -42,9 +42,9 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
-from torchmetrics_syncfree.classification.confusion_matrix import _probabilities
 from torchmetrics_syncfree.classification.hinge import _binary_hinge_loss_tensor_validation
 from torchmetrics_syncfree.classification.ranking import _constant
+from torchmetrics_syncfree.classification.stat_scores import normalize_logits_of_kept
 
 _FUNCTIONAL = "torchmetrics.functional.classification.calibration_error"
 _MODULE = "torchmetrics.classification.calibration_error"
@@ -77,7 +77,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     if self.ignore_index is not None:  # kept in the state: removing them is a data-dependent shape
         preds, target = preds.flatten(), target.flatten()
         if preds.is_floating_point():
-            preds = _probabilities(preds, target != self.ignore_index, "sigmoid")
+            preds = normalize_logits_of_kept(preds, "sigmoid", target != self.ignore_index)
     else:
         preds, target = _binary_confusion_matrix_format(
             preds, target, threshold=0.0, ignore_index=self.ignore_index, convert_to_labels=False
@@ -96,7 +96,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         _multiclass_calibration_error_tensor_validation(preds, target, self.num_classes, self.ignore_index)
     preds, target = torch.movedim(preds, 1, -1).reshape(-1, preds.shape[1]), target.flatten()
     kept = target != self.ignore_index
-    confidences, predictions = _probabilities(preds, kept.unsqueeze(1), "softmax").max(dim=1)
+    confidences, predictions = normalize_logits_of_kept(preds, "softmax", kept.unsqueeze(1)).max(dim=1)
     accuracies = predictions.eq(target).float()
     accuracies = torch.where(kept, accuracies, _constant(torch.nan, accuracies))
     self.confidences.append(confidences.float())

@@ -62,7 +62,6 @@ from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.checks import _check_same_shape
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._compat import activated
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.classification.stat_scores import (
     _cached,
@@ -70,12 +69,12 @@ from torchmetrics_syncfree.classification.stat_scores import (
     _count_into_state,
     _file_invalid,
     _flat_long,
-    _in_unit_interval,
     _multiclass_shape_checks,
     _multiclass_stat_scores_tensor_validation,
     _raise_not_a_class,
     _safe_divide,
     normalize_logits_if_needed,
+    normalize_logits_of_kept,
 )
 
 _FUNCTIONAL = "torchmetrics.functional.classification.confusion_matrix"
@@ -158,23 +157,6 @@ def _multiclass_confusion_matrix_tensor_validation(
 # counting
 
 
-def _probabilities(preds: Tensor, kept: Tensor | None, normalization: str) -> Tensor:
-    """Stock's ``normalize_logits_if_needed(preds[kept], normalization)`` without the boolean mask.
-
-    Stock removes the ignored entries (``kept``: a mask that broadcasts to ``preds``) first, so only the kept ones
-    decide whether ``preds`` are logits. Where reads are free stock's CPU test is used (NaN counts as outside [0, 1])
-    and read at once, on the device path stock's accelerator test.
-    """
-    if kept is None:
-        return normalize_logits_if_needed(preds, normalization)
-    if _deferred.reads_are_free(preds):
-        # stock's CPU test, read at once from one reduction over the kept entries (the others stand in as 0.5): the
-        # activation only where it is needed (the same values, less work)
-        return preds if _in_unit_interval(torch.where(kept, preds, 0.5)) else activated(preds, normalization)
-    normalized = activated(preds, normalization)
-    return torch.where((((preds < 0) | (preds > 1)) & kept).any(), normalized, preds)
-
-
 def _in_four_cells(
     self: Any, local: Tensor, counted: Tensor | None, invalid: Tensor | None
 ) -> tuple[Tensor, Tensor | None]:
@@ -225,7 +207,7 @@ def _binary_cells(self: Any, preds: Tensor, target: Tensor, invalid: Tensor | No
     ignore_index = self.ignore_index
     counted = None if ignore_index is None else target != ignore_index
     if preds.is_floating_point():
-        preds = _probabilities(preds, counted, "sigmoid") > self.threshold
+        preds = normalize_logits_of_kept(preds, "sigmoid", counted) > self.threshold
     return _in_four_cells(self, preds.add(target, alpha=2), counted, invalid)
 
 

@@ -42,14 +42,12 @@ from torch import Tensor
 from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_state_if, add_to_states
-from torchmetrics_syncfree.classification.confusion_matrix import (
-    _binary_confusion_matrix_tensor_validation,
-    _probabilities,
-)
+from torchmetrics_syncfree.classification.confusion_matrix import _binary_confusion_matrix_tensor_validation
 from torchmetrics_syncfree.classification.stat_scores import (
     _multiclass_stat_scores_tensor_validation,
     _without_invalid,
     normalize_logits_if_needed,
+    normalize_logits_of_kept,
 )
 
 _FUNCTIONAL = "torchmetrics.functional.classification.hinge"
@@ -108,7 +106,7 @@ def _binary_hinge_measures(
     """Stock's ``_binary_confusion_matrix_format`` + ``_binary_hinge_loss_update``, with fixed shapes."""
     preds, target = preds.flatten(), target.flatten()
     kept = None if ignore_index is None else target != ignore_index
-    preds = _probabilities(preds, kept, "sigmoid")
+    preds = normalize_logits_of_kept(preds, "sigmoid", kept)
     measures = _hinge(torch.where(target.bool(), preds, -preds), squared)
     if kept is not None:
         measures = measures.masked_fill(~kept, 0)
@@ -133,7 +131,7 @@ def _multiclass_hinge_measures(
     kept = clamped == target  # a class of the one-hot: stock's one-hot fails on anything else
     if ignore_index is not None:
         kept &= target != ignore_index
-    preds = _probabilities(preds, kept.unsqueeze(1), "softmax")
+    preds = normalize_logits_of_kept(preds, "softmax", kept.unsqueeze(1))
     onehot = target.unsqueeze(1) == torch.arange(classes, device=target.device)
     if mode == "crammer-singer":
         own = preds.gather(1, clamped.unsqueeze(1)).squeeze(1)  # any class for entries not kept: masked below

@@ -70,18 +70,17 @@ from torchmetrics.utilities.checks import _check_same_shape
 from torchmetrics.utilities.data import dim_zero_cat
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._compat import activated
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_state_if, add_to_states
-from torchmetrics_syncfree.classification.confusion_matrix import _probabilities
 from torchmetrics_syncfree.classification.stat_scores import (
     _cached,
     _checked_sink,
     _count,
+    _file_invalid,
     _mesh_counting,
-    _not_a_class,
     _raise_not_a_class,
     normalize_logits_if_needed,
+    normalize_logits_of_kept,
 )
 
 _FUNCTIONAL = "torchmetrics.functional.classification.precision_recall_curve"
@@ -170,19 +169,13 @@ def _check_labels(
 ) -> Tensor | None:
     """The value check of ``metric``'s update: targets in ``[0, num_values)`` or ``ignore_index``.
 
-    Where reads are free it is made with comparisons (cheaper on the host than an int64 division) and read at once
-    (``raise_at_once``: stock's error); on the device path it is :func:`_labels_outside`, filed with the metric and
-    returned (the update leaves the batch out when it is set). Bool targets hold labels only: ``None``.
+    :func:`_labels_outside`, filed with the metric (read at once where reads are free: ``raise_at_once``, stock's
+    error) and returned where it is not read (the update leaves the batch out when it is set). Bool targets hold
+    labels only: ``None``.
     """
     if target.dtype == torch.bool:
         return None
-    if _deferred.reads_are_free(target):
-        if _not_a_class(target, num_values, ignore_index).any():
-            raise_at_once()
-        return None
-    flag = _labels_outside(target, num_values, ignore_index)
-    _deferred.record(metric, _deferred.INVALID_VALUES, flag)
-    return flag
+    return _file_invalid(metric, _labels_outside(target, num_values, ignore_index), raise_at_once)
 
 
 def _binary_host_checks(preds: Tensor, target: Tensor) -> None:
@@ -485,7 +478,7 @@ def _binary_counts(
     report_at_once = _stock_binary_report(metric, preds, target, self.ignore_index)
     preds, target = preds.flatten(), target.flatten()
     ignored = None if self.ignore_index is None else target == self.ignore_index
-    preds = _normalized(preds, normalization, ignored)
+    preds = normalize_logits_of_kept(preds, normalization, ignored=ignored) if normalization else preds
     column = None if ignored is None else ignored.unsqueeze(1)
     scores, labels = preds.unsqueeze(1), target.unsqueeze(1)
     confmats, keep = _label_counts(self, scores, labels, column, not normalization, metric, report_at_once)
@@ -532,7 +525,7 @@ def _multiclass_counts(
     preds = preds.transpose(0, 1).reshape(num_classes, -1).T
     target = target.flatten()
     ignored = None if self.ignore_index is None else target == self.ignore_index
-    preds = _normalized(preds, "softmax", None if ignored is None else ignored.unsqueeze(1))
+    preds = normalize_logits_of_kept(preds, "softmax", ignored=None if ignored is None else ignored.unsqueeze(1))
     buckets, rank = _buckets(preds, self.thresholds, False, self.__dict__.get(_ASCENDING, False))
     # ``target == class`` as int64 in one kernel (the lookup's index)
     kinds = torch.eq(target.unsqueeze(1), _arange(num_classes, device), out=torch.empty_like(buckets))
@@ -549,22 +542,6 @@ def _multiclass_counts(
     else:
         keep = _checked_sink(metric, _labels_outside(target, num_classes, None), report_at_once)
     return (confmats.squeeze(1) if average == "micro" else confmats), keep
-
-
-def _normalized(preds: Tensor, normalization: str | None, ignored: Tensor | None) -> Tensor:
-    """Stock's ``normalize_logits_if_needed`` of the entries that are not ``ignored``.
-
-    ``ignored``: a mask that broadcasts to ``preds``; only the other entries decide whether ``preds`` are logits.
-    """
-    if not normalization:
-        return preds
-    if ignored is None:
-        return normalize_logits_if_needed(preds, normalization)
-    if _deferred.reads_are_free(preds):
-        return _probabilities(preds, ~ignored, normalization)  # stock's CPU test (NaN is outside [0, 1] there)
-    outside = ((preds < 0) | (preds > 1)).gt_(ignored)  # stock's accelerator test on the kept entries
-    normalized = activated(preds, normalization)
-    return torch.where(outside.any(), normalized, preds)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -753,7 +730,7 @@ def _micro_list_state(
     if kept is not None:
         one_hot = one_hot.masked_fill(~kept, IGNORED_ONE_HOT)
     # stock's logits test on the kept rows only (all of them without ``ignore_index``)
-    return _probabilities(preds, kept, "softmax").flatten(), one_hot.flatten()
+    return normalize_logits_of_kept(preds, "softmax", kept).flatten(), one_hot.flatten()
 
 
 def _one_hot_state(self: Any) -> bool:
@@ -879,7 +856,7 @@ def _binary_update(self: Any, preds: Tensor, target: Tensor) -> None:
     if self.ignore_index is not None:  # the ignored entries stay, every compute of the family leaves them out
         preds, target = preds.flatten(), target.flatten()
         if normalization:  # ``None`` (torchmetrics 1.8+): the scores as given
-            preds = _probabilities(preds, target != self.ignore_index, normalization)
+            preds = normalize_logits_of_kept(preds, normalization, target != self.ignore_index)
     else:
         args = (preds, target, None, self.ignore_index) + (() if normalization == "sigmoid" else (normalization,))
         preds, target, _ = _binary_precision_recall_curve_format(*args)
@@ -905,7 +882,7 @@ def _multiclass_update(self: Any, preds: Tensor, target: Tensor) -> None:
         preds, target = _micro_list_state(preds, target, self.num_classes, self.ignore_index)
     elif self.ignore_index is not None:
         preds, target = preds.transpose(0, 1).reshape(self.num_classes, -1).T, target.flatten()
-        preds = _probabilities(preds, (target != self.ignore_index).unsqueeze(1), "softmax")
+        preds = normalize_logits_of_kept(preds, "softmax", (target != self.ignore_index).unsqueeze(1))
     else:
         preds, target, _ = _multiclass_precision_recall_curve_format(
             preds, target, self.num_classes, None, self.ignore_index, average

@@ -162,19 +162,36 @@ _NORMALIZE_LOGITS = f"{_COMPUTE}.normalize_logits_if_needed"
 
 @replaces(_NORMALIZE_LOGITS, params=("tensor", "normalization"), everywhere=True)
 def normalize_logits_if_needed(tensor: Tensor, normalization: str | None) -> Tensor:
-    """Apply sigmoid/softmax if any value is outside [0, 1], choosing on the device (``torch.where``).
+    """Apply sigmoid/softmax if any value is outside [0, 1] (:func:`normalize_logits_of_kept` of every entry)."""
+    return normalize_logits_of_kept(tensor, normalization) if normalization else tensor
 
-    Stock already does exactly this on accelerators and reads the flag on the host only for CPU tensors, where the read
-    is free: there its test is kept (NaN counts as outside [0, 1]), read from one reduction (:func:`_in_unit_interval`),
-    except under a CPU ``SyncProbe`` that simulates a GPU.
+
+def normalize_logits_of_kept(
+    tensor: Tensor, normalization: str, kept: Tensor | None = None, ignored: Tensor | None = None
+) -> Tensor:
+    """Apply ``normalization`` to ``tensor`` if any entry that counts is outside [0, 1]: one test for every metric.
+
+    Stock removes the entries that do not count first (``tensor[kept]``, a data-dependent shape) and then runs
+    ``normalize_logits_if_needed``; here a mask that broadcasts to ``tensor`` says which count: ``kept``, or its
+    complement ``ignored`` (whichever the caller has: no negation), or neither (every entry counts).
+
+    Stock's function is itself two tests: on a CPU it reads ``torch.all((tensor >= 0) * (tensor <= 1))`` (NaN counts
+    as outside [0, 1]), on accelerators it chooses on the device with ``torch.where`` (NaN counts as inside). Both are
+    kept: where reads are free the CPU test, read from one reduction (:func:`_in_unit_interval`; the activation only
+    where needed); elsewhere the accelerator's.
     """
-    if not normalization:
-        return tensor
     if _deferred.reads_are_free(tensor):
-        return tensor if _in_unit_interval(tensor) else activated(tensor, normalization)
-    outside = ((tensor < 0) | (tensor > 1)).any()
-    normalized = activated(tensor, normalization)
-    return torch.where(outside, normalized, tensor)
+        if kept is not None:
+            tensor_kept = torch.where(kept, tensor, 0.5)  # the others stand in as 0.5, inside [0, 1]
+        else:
+            tensor_kept = tensor if ignored is None else torch.where(ignored, 0.5, tensor)
+        return tensor if _in_unit_interval(tensor_kept) else activated(tensor, normalization)
+    outside = (tensor < 0) | (tensor > 1)
+    if kept is not None:
+        outside &= kept
+    elif ignored is not None:
+        outside.gt_(ignored)  # outside and not ignored
+    return torch.where(outside.any(), activated(tensor, normalization), tensor)
 
 
 def _in_unit_interval(tensor: Tensor) -> bool:
@@ -301,23 +318,6 @@ def _not_a_class(labels: Tensor, num_classes: int, ignore_index: int | None) -> 
     return mask if ignore_index is None else mask & (labels != ignore_index)
 
 
-def _all_classes(labels: Tensor, num_classes: int, ignore_index: int | None) -> bool:
-    """Whether every label is in ``[0, num_classes)`` or ``ignore_index``, read on the host (only where reads are free).
-
-    One ``aminmax`` decides when ``ignore_index`` is a class, -1 or ``num_classes`` (nothing lies between it and the
-    classes); any other ``ignore_index`` outside the classes is mapped to class 0 first.
-
-    """
-    if ignore_index is not None and not -1 <= ignore_index <= num_classes:
-        labels = labels.masked_fill(labels == ignore_index, 0)
-    if not labels.numel():
-        return True
-    # one read of both bounds; as Python numbers, not int(): a float target may hold NaN (no class, stock counts it
-    # as a miss) and an int64 label as large as 2**62 must not wrap in arithmetic
-    low, high = torch.stack(torch.aminmax(labels)).tolist()
-    return (low >= 0 or low == ignore_index) and (high < num_classes or high == ignore_index)
-
-
 def _raise_not_a_class(preds: Tensor, target: Tensor, num_classes: int, ignore_index: int | None) -> None:
     """Stock's message where stock would have raised too (too many distinct values), else one naming the values."""
     check_value = num_classes if ignore_index is None else num_classes + 1
@@ -362,12 +362,6 @@ def _multiclass_stat_scores_tensor_validation(
             preds, target, num_classes, multidim_average, ignore_index
         )
     _multiclass_shape_checks(preds, target, num_classes, multidim_average)
-    if _deferred.reads_are_free(target):  # the common case on CPU: read at once, cheaply; the flag only on failure
-        if preds.is_floating_point():  # its argmax is a class: only target needs checking
-            if _all_classes(target, num_classes, ignore_index):
-                return None
-        elif _all_classes(target, num_classes, ignore_index) and _all_classes(preds, num_classes, ignore_index):
-            return None
     flag = _not_a_class(target, num_classes, ignore_index).any()
     if not preds.is_floating_point():
         flag = flag | _not_a_class(preds, num_classes, ignore_index).any()
@@ -468,8 +462,6 @@ def _count(index: Tensor, size: int) -> Tensor:
     """``torch.bincount(index, minlength=size)`` for ``0 <= index < size``, with a fixed output shape."""
     if _mesh_counting() or index.is_mps:
         return _bincount(index, minlength=size)  # upstream's fixed-shape fallback for these cases
-    if _deferred.reads_are_free(index):  # CPU bincount reads the maximum for free, and is one op
-        return torch.bincount(index, minlength=size)
     return torch.zeros(size, dtype=torch.long, device=index.device).scatter_add_(0, index, torch.ones_like(index))
 
 

@@ -16,18 +16,18 @@ device=...)``
 
 On 1.6 and 1.7 the range is a state (the targets' largest range, float64 for float64 images) and stock's result
 takes the dtype of the formula it picks: under 2, the float32 states'; over 2, the range's: a dtype that depends on the
-data. Where reads are free (CPU) that compute is stock's; elsewhere it gives the two formulas' common dtype (float64
-there) both ways, with stock's values (documented deviation, pinned by a test).
+data. Here that compute gives the two formulas' common dtype (float64 there) both ways on every device, with stock's
+values (documented deviation, pinned by a test).
 
 A block size of 1, or one not smaller than the image's height and width, leaves one of stock's index lists empty:
 stock fails there (``IndexError``: an empty list becomes a float tensor). Those calls go to stock's function and fail
 as it does.
 
-``_compute_bef`` and ``_psnrb_update`` have one implementation on every device, with stock's values to the bit: every
-difference is the same subtraction, the squared differences sum
-over a contiguous tensor of stock's shape and order, and the ``if`` becomes a selection between the same products
-(``0 * diff`` keeps stock's ``-0.0`` and NaN). The metric's ``update`` and ``compute`` are stock's; they call these
-helpers.
+``_compute_bef``, ``_psnrb_update`` and ``_psnrb_compute`` have one implementation on every device.
+``_compute_bef`` and ``_psnrb_update`` give stock's values to the bit: every difference is the same subtraction, the
+squared differences sum over a contiguous tensor of stock's shape and order, and the ``if`` becomes a selection
+between the same products (``0 * diff`` keeps stock's ``-0.0`` and NaN). The metric's ``update`` and ``compute`` are
+stock's; they call these helpers.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import torch
 from lightning_utilities.core.imports import compare_version
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree.image.psnr import _count
 
@@ -104,7 +103,7 @@ def _psnrb_update(preds: Tensor, target: Tensor, block_size: int = 8) -> tuple[T
 )
 def _psnrb_compute(sum_squared_error: Tensor, bef: Tensor, num_obs: Tensor, data_range: Tensor) -> Tensor:
     """Stock's formula; on 1.6 and 1.7 its ``if data_range > 2`` is a selection on the device."""
-    if not _RANGE_BRANCH or _deferred.reads_are_free(sum_squared_error):
+    if not _RANGE_BRANCH:
         return stock(f"{_FUNCTIONAL}._psnrb_compute")(sum_squared_error, bef, num_obs, data_range)
     sum_squared_error = sum_squared_error / num_obs + bef
     wide = 10 * torch.log10(data_range**2 / sum_squared_error)

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.wrappers.minmax``: MinMaxMetric.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free (every device)
 ==================================================  ===========================================================
 ``val if self.max_val.to(val.device) < val else     ``torch.where(bound < val, val, bound)``: the comparison
 self.max_val.to(val.device)`` (and ``min_val``):     stays on the device
@@ -12,17 +12,16 @@ CPU bound (the first ``compute()`` on a GPU)         ``torch.full`` (its value i
 ==================================================  ===========================================================
 
 ``update`` is the base metric's; ``forward`` is ``Metric.forward`` (the patched ``metric`` area), which calls this
-``compute``. Where reads are free (CPU) and for values that are not tensors, ``compute`` is stock's expression, so
-CPU results, and stock's errors for unsuitable values (``RuntimeError`` for a tensor with more than one element,
-``AttributeError`` for a Python number, whose ``device`` stock reads), are stock's.
+``compute``. Stock's errors for unsuitable values are kept: ``RuntimeError`` for a tensor with more than one element,
+``AttributeError`` for a Python number, whose ``device`` is read first, as in stock.
 
-Deliberate deviation from stock (device path only): stock's new bound is *either* the value *or* the old bound, so
-its dtype and shape are the value's when the value wins and the old bound's otherwise. A choice made on the device
-cannot pick a dtype, so the bounds take the value's dtype and shape in every case. The two differ only when the value
-does not win and has another dtype or shape than the bound: before the first ``compute()`` of a value that is not a
-float32 0-dim tensor (the initial bounds are float32 0-dim), when that value is NaN or equal to the initial bound
-(``-inf`` for the maximum, ``inf`` for the minimum); or when the base metric's value changes dtype between computes.
-The values agree in every case (a float32 bound held in another dtype).
+Deliberate deviation from stock (on every device, the same code): stock's new bound is *either* the value *or* the
+old bound, so its dtype and shape are the value's when the value wins and the old bound's otherwise: they depend on
+the data. A choice made on the device cannot pick a dtype, so the bounds take the value's dtype and shape in every
+case. The two differ only when the value does not win and has another dtype or shape than the bound: before the first
+``compute()`` of a value that is not a float32 0-dim tensor (the initial bounds are float32 0-dim), when that value is
+NaN or equal to the initial bound (``-inf`` for the maximum, ``inf`` for the minimum); or when the base metric's value
+changes dtype between computes. The values agree in every case (a float32 bound held in another dtype).
 
 """
 
@@ -33,7 +32,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchmetrics_syncfree import _deferred
 from torchmetrics_syncfree._registry import replaces
 
 _MODULE = "torchmetrics.wrappers.minmax"
@@ -53,16 +51,11 @@ def _new_bound(bound: Tensor, val: Tensor, wins: Tensor) -> Tensor:
 
 @replaces(f"{_MODULE}.MinMaxMetric.compute", params=("self",), kind="metric_method")
 def _compute(self: Any) -> dict[str, Tensor]:
-    """Stock's ``compute``; on the device path the new bounds are chosen by ``torch.where`` (no host read)."""
+    """Stock's ``compute`` with the new bounds chosen by ``torch.where`` (no host read)."""
     val = self._base_metric.compute()
     if not self._is_suitable_val(val):
         raise RuntimeError(f"Returned value from base metric should be a float or scalar tensor, but got {val}.")
-    if not isinstance(val, Tensor) or _deferred.reads_are_free(val):
-        # stock's expression: the read is free here, and a Python number fails on ``val.device`` as in stock
-        self.max_val = val if self.max_val.to(val.device) < val else self.max_val.to(val.device)
-        self.min_val = val if self.min_val.to(val.device) > val else self.min_val.to(val.device)
-    else:
-        max_val, min_val = _on_device_of(self.max_val, val), _on_device_of(self.min_val, val)
-        self.max_val = _new_bound(max_val, val, max_val < val)
-        self.min_val = _new_bound(min_val, val, min_val > val)
+    max_val, min_val = _on_device_of(self.max_val, val), _on_device_of(self.min_val, val)
+    self.max_val = _new_bound(max_val, val, max_val < val)
+    self.min_val = _new_bound(min_val, val, min_val > val)
     return {"raw": val, "max": self.max_val, "min": self.min_val}

@@ -1,7 +1,7 @@
 """Sync-free ``torchmetrics.wrappers.multioutput``: ``MultioutputWrapper``'s selection of each output's inputs.
 
 ==================================================  ===========================================================
-stock                                                sync-free (device path)
+stock                                                sync-free
 ==================================================  ===========================================================
 ``torch.index_select(..., index=torch.tensor(i,     ``tensor.narrow(output_dim, i, 1)`` copied into a new
 device=self.device))``: a host-to-device copy per    contiguous tensor (``clone``): index_select's values, shape
@@ -10,21 +10,25 @@ output and per tensor argument                       and layout without an index
 ``remove_nans``: ``arg[~nan_idxs]`` per output       no NaN possible (no floating-point input): nothing removed.
 and tensor (a boolean mask: a data-dependent         Wrapped metrics whose states are all tensor sums (and that
 shape, one read each)                                have no check counters: MeanSquaredError, MeanAbsoluteError,
-                                                     R2Score, ...): a fixed shape, no read. Each NaN row is
-                                                     replaced by the output's first row without NaN, and that
-                                                     row's own contribution (its update alone, from the default
-                                                     states) times the number of NaN rows is taken off again;
-                                                     inside ``forward`` too (the wrapped metric's ``update`` is
-                                                     neutralised for the call). Other wrapped metrics: the NaN
-                                                     rows of every output found at once, their counts read in
-                                                     ONE host read per ``update``/``forward``, then the kept rows
-                                                     by ``index_select`` (a stable sort: stock's order)
+                                                     R2Score, ...), where reads are not free: a fixed shape, no
+                                                     read. Each NaN row is replaced by the output's first row
+                                                     without NaN, and that row's own contribution (its update
+                                                     alone, from the default states) times the number of NaN
+                                                     rows is taken off again; inside ``forward`` too (the
+                                                     wrapped metric's ``update`` is neutralised for the call).
+                                                     Other wrapped metrics: the NaN rows of every output found
+                                                     at once, their counts read in ONE host read per
+                                                     ``update``/``forward``, then the kept rows by
+                                                     ``index_select`` (a stable sort: stock's order)
 ==================================================  ===========================================================
 
-Where reads are free (CPU) update, forward and the selection are stock's (values to the bit). Values, shapes and
-dtypes are stock's on the device path: to the bit where rows are removed after the read, up to float rounding where
-they are neutralised (``kept + n * row - n * row``; ``rtol=1e-6`` in the tests). No row kept: the states stay as they
-were (stock's update of an empty batch).
+The selection (narrowed copies; NaN rows found for every output, then read once) is one implementation on every
+device. The neutralised rows are the device path's: where reads are free (CPU) the wrapper's update and forward are
+stock's, on the selection here, whose one read costs a CPU nothing (host time per update of ``MultioutputWrapper(
+MeanSquaredError(), 3)``, batch 32, paired: 0.82x stock's, 1.00x with NaN rows; forward 0.65x). Values, shapes and
+dtypes are stock's: to the bit where rows are removed after the read, up to float rounding where they are neutralised
+(``kept + n * row - n * row``; ``rtol=1e-6`` in the tests). No row kept: the states stay as they were (stock's update
+of an empty batch).
 
 Costs (documented; ``tests/test_wrappers_more.py``): the neutralised ``remove_nans`` runs the wrapped metric's update a
 second time on the filler row, plus a few operations per state: 114 launches per ``update`` of
@@ -85,10 +89,7 @@ def _squeezed(self: Any, selected_args: Any, selected_kwargs: Any) -> tuple[Any,
 
 @replaces(_SELECT, params=("self", "args", "kwargs"))
 def _get_args_kwargs_by_output(self: Any, *args: Tensor, **kwargs: Tensor) -> list[tuple[Any, Any]]:
-    """Stock's selection where reads are free; on the device path no index copies, NaN rows in one read."""
-    sample = first_tensor(args, kwargs)
-    if sample is None or _deferred.reads_are_free(sample):
-        return stock(_SELECT)(self, *args, **kwargs)
+    """Stock's selection without index copies; with ``remove_nans`` the NaN rows of every output in one read."""
     selected = _selected(self, args, kwargs)
     if self.remove_nans:
         selected = _without_nan_rows(selected)
