@@ -18,8 +18,8 @@ Three sets of pairs:
 Every pair also records the bytes one call allocates, stock and patched (``stock_bytes``/``patched_bytes``: the new
 tensors' storages, deterministic, an upper bound of the call's peak memory).
 * ``test_paired_census_host_time``: the patched classes that the census measures and the audit's catalogue has not
-  (``HausdorffDistance``, ``PanopticQuality``, ``ModifiedPanopticQuality``), on the census's inputs, ``update`` and
-  ``forward``;
+  (``HausdorffDistance``, ``PanopticQuality``, ``ModifiedPanopticQuality``, ``MultioutputWrapper``), on the census's
+  inputs, ``update`` and ``forward``;
 * ``test_paired_report_step``: the motivating report's metric step, ``MeanMetric(loss)`` plus multiclass
   ``Accuracy``/``Precision``/``Recall``/``F1Score`` (1000 classes, ``average='macro'``) updated with the logits of a
   batch of 128 (the demo's :class:`~torchmetrics_syncfree.tools.demo.MetricSet`).
@@ -413,6 +413,7 @@ CENSUS_PAIRS = (
     ("segmentation", "HausdorffDistance"),
     ("detection", "PanopticQuality"),
     ("detection", "ModifiedPanopticQuality"),
+    ("wrappers", "MultioutputWrapper"),
 )
 
 

@@ -386,7 +386,7 @@ def test_curve_costs_tool_times_the_series_against_its_upstream(checkout: Path, 
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.stdout.splitlines()
     assert rows[0].startswith("| case (one `update`, CPU, one thread) | upstream (us) | series (us) |")
-    assert len(rows) == 2 + 9
+    assert len(rows) == 2 + 10  # the header and the ten cases
     for row in rows[2:]:
         *_, ratio, same = (cell.strip() for cell in row.strip("|").split("|"))
         assert float(ratio) > 0 and same == "yes", row

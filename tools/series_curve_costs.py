@@ -29,12 +29,14 @@ from pathlib import Path
 from _upstream import git
 
 #: (name, metric, inputs): binary batches of 32 (ROC validates, AUROC does not), a large batch (upstream's loop over
-#: the thresholds), thresholds given unsorted, and multiclass/multilabel at the sizes users keep
+#: the thresholds), five thresholds given as a list (sorted and unsorted), and multiclass/multilabel at the sizes users
+#: keep
 CASES = (
     ("BinaryROC(thresholds=100), batch 32", "BinaryROC(thresholds=100)", ("binary", 32, 0)),
     ("BinaryAUROC(thresholds=100), batch 32", "BinaryAUROC(thresholds=100)", ("binary", 32, 0)),
     ("BinaryAveragePrecision(thresholds=100), batch 32", "BinaryAveragePrecision(thresholds=100)", ("binary", 32, 0)),
     ("BinaryROC(thresholds=100), batch 4096", "BinaryROC(thresholds=100)", ("binary", 4096, 0)),
+    ("BinaryROC(5 sorted thresholds), batch 32", "BinaryROC(thresholds=[0.1, 0.3, 0.5, 0.7, 0.9])", ("binary", 32, 0)),
     (
         "BinaryROC(5 unsorted thresholds), batch 32",
         "BinaryROC(thresholds=[0.9, 0.1, 0.5, 0.3, 0.7])",
