@@ -153,7 +153,7 @@ def _check_scores_and_labels(preds: Tensor, target: Tensor) -> None:
 
 
 def _labels_outside(target: Tensor, num_values: int, ignore_index: int | None) -> Tensor:
-    """0-dim flag, device path: some target is outside ``[0, num_values)`` and not ``ignore_index``.
+    """0-dim flag (every device): some target is outside ``[0, num_values)`` and not ``ignore_index``.
 
     ``target // num_values`` is 0 exactly for the labels: two kernels (with an ``ignore_index`` outside the labels,
     four), where comparisons with both bounds take three (five).
