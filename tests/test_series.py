@@ -139,6 +139,35 @@ def test_each_pull_request_applies_on_exactly_the_ones_it_names(
         assert ("CHANGELOG.md left out" in capsys.readouterr().out) != on_master, pr.name
 
 
+@needs_snapshots
+def test_ci_checks_alone_only_the_independent_pull_requests_a_heavy_suite_adds_to(
+    snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``--pull-requests heavy`` (CI's upstream environment) leaves to the runs without heavy suites what they check.
+
+    An independent pull request whose files map to no heavy suite gets the same check there (the other torch releases'
+    environments); one that touches the stat scores runs their suites alone here, where nothing else does.
+    """
+    if not snapshot.parent.name.startswith(_upstream.snapshot_label(SNAPSHOTS[0])):
+        pytest.skip("CI checks the pull requests alone on master")
+    ran: dict[str, list[str]] = {}
+
+    def fake_pytest(tree: Path, paths: list[str], report: Path, workers: int) -> tuple[series.Outcomes, float]:
+        ran[tree.name.removeprefix("pr-")] = paths
+        return series.Outcomes(), 0.0
+
+    monkeypatch.setattr(series, "_pytest", fake_pytest)
+    monkeypatch.setattr(series, "_stock_outcomes", lambda *args: (series.Outcomes(), 0.0))
+    monkeypatch.setattr(series, "_ruff_findings", lambda *args: series.Counter())
+    independent = [pr for pr in series.pull_requests() if not pr.needs]
+    for pr in independent:
+        problems, _ = series.check_pull_request(pr, snapshot, series.SERIES_DIR, tmp_path, 1, "ruff", "subset", True)
+        assert not problems, problems
+    assert "08-multiclass-stat-score-counting" in ran
+    assert 0 < len(ran) < len(independent)
+    assert all(set(paths) & set(series.HEAVY_SUBSET) for paths in ran.values()), ran
+
+
 def _multiclass_syncs(tree: Path) -> dict[str, int]:
     """The probe's would-be syncs of multiclass stat-score updates of ``tree``'s TorchMetrics."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tree / "src"), str(TOOLS.parent)))}

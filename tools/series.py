@@ -1460,7 +1460,14 @@ def _builds_on_a_stack(pr: PullRequest, series: Path) -> bool:
 
 
 def check_pull_request(
-    pr: PullRequest, stock: Path, series: Path, tmp: Path, workers: int, ruff: str, heavy: str
+    pr: PullRequest,
+    stock: Path,
+    series: Path,
+    tmp: Path,
+    workers: int,
+    ruff: str,
+    heavy: str,
+    unless_light: bool = False,
 ) -> tuple[list[str], list[tuple[str, str, str, str, float]]]:
     """Apply ``pr`` on exactly the pull requests it needs to the unpatched ``stock`` checkout and check it there.
 
@@ -1470,6 +1477,9 @@ def check_pull_request(
     tests it adds to upstream's suites (:func:`added_tests`), which must pass: upstream's suites of its modules pass on
     the whole stack, checked before, and what a pull request can lack on its own (a helper of a later one) breaks its
     own tests. Both: upstream's ruff on its files. Returns problems and summary rows.
+
+    ``unless_light``: one that does not build on a stack is left out where ``heavy`` adds no suite to its check (the
+    same check as ``--heavy none``'s, which the other torch releases' environments run).
     """
     names = with_needs(pr, series)
     label = f"{pr.name}" + (f" (on {', '.join(n[:2] for n in names if n != pr.name)})" if pr.needs else " (alone)")
@@ -1496,6 +1506,9 @@ def check_pull_request(
             rows.append((label, "tests it adds", "", after.summary(), seconds))
         else:
             paths = _with_heavy(upstream_tests_for(touched, heavy=heavy != "none", whole=False), heavy)
+            if unless_light and not any(p in HEAVY_TESTS for p in paths):
+                rows.append((label, "upstream tests", "", "left to the runs with --heavy none", 0))
+                return problems, rows
             # and the tests it adds in suites the heavy option leaves out (on an old torch those found what the
             # whole stack hid)
             added = [t for t in added_tests(patched, before_pr) if _file_of(t) not in paths]
@@ -1526,7 +1539,9 @@ def check_series(
     """Apply the series to each snapshot and check it; returns the number of problems found.
 
     ``alone``: which pull requests are then checked on exactly what they need, on the first snapshot: ``all``,
-    ``independent`` (those that need none: where a release difference that the whole stack hides shows) or ``none``.
+    ``independent`` (those that need none: where a release difference that the whole stack hides shows), ``heavy``
+    (those that build on a stack, and the independent ones that ``heavy`` gives a heavy suite: what the ``independent``
+    runs without heavy suites leave out) or ``none``.
     """
     patches = patch_files(series)
     problems: list[str] = []
@@ -1595,7 +1610,9 @@ def check_series(
                     if alone == "none" or (alone == "independent" and pr.needs):
                         continue
                     if len(with_needs(pr, series)) < len(pull_requests(series)):
-                        found, pr_rows = check_pull_request(pr, stock, series, Path(tmp), workers, ruff, heavy)
+                        found, pr_rows = check_pull_request(
+                            pr, stock, series, Path(tmp), workers, ruff, heavy, unless_light=alone == "heavy"
+                        )
                         problems += found
                         rows += pr_rows
     print("\n=== per suite", *suites_text, sep="\n")
@@ -1680,10 +1697,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_test.add_argument(
         "--pull-requests",
-        choices=("all", "independent", "none"),
+        choices=("all", "independent", "heavy", "none"),
         default="all",
-        help="which pull requests to check on exactly what they need after the whole stack: all (CI's upstream"
-        " environment), those that need none (the other torch releases' CI environments), or none",
+        help="which pull requests to check on exactly what they need after the whole stack: all, those that need none"
+        " (the other torch releases' CI environments, with --heavy none), those the independent ones' check without"
+        " heavy suites leaves out: the ones that build on a stack, and the independent ones that --heavy gives a"
+        " heavy suite (CI's upstream environment), or none",
     )
 
     args = parser.parse_args(argv)
