@@ -20,6 +20,8 @@ tensors' storages, deterministic, an upper bound of the call's peak memory).
 * ``test_paired_census_host_time``: the patched classes that the census measures and the audit's catalogue has not
   (``HausdorffDistance``, ``PanopticQuality``, ``ModifiedPanopticQuality``, ``MultioutputWrapper``), on the census's
   inputs, ``update`` and ``forward``;
+* ``test_paired_nominal_compute_at_size``: the four nominal metrics' ``compute`` of a table of 10, 100 and 1000
+  classes that 32 or 1024 pairs filled (sparse and dense tables);
 * ``test_paired_report_step``: the motivating report's metric step, ``MeanMetric(loss)`` plus multiclass
   ``Accuracy``/``Precision``/``Recall``/``F1Score`` (1000 classes, ``average='macro'``) updated with the logits of a
   batch of 128 (the demo's :class:`~torchmetrics_syncfree.tools.demo.MetricSet`).
@@ -425,4 +427,27 @@ def test_paired_census_host_time(benchmark: Any, area: str, name: str, call: str
     spec = census.spec_for(name, getattr(importlib.import_module(f"torchmetrics.{area}"), name))
     make = _spec_side(spec.spec, call, lambda metric: census.make_inputs(spec.inputs, metric, torch.device("cpu")))
     info = {"config": spec.spec, "call": call, "area": Config(spec.spec).area, "batch": BATCH}
+    _measure_pair(benchmark, make, info)
+
+
+NOMINAL = ("CramersV", "TschuprowsT", "PearsonsContingencyCoefficient", "TheilsU")
+NOMINAL_SIZES = tuple((c, n) for c in CLASS_COUNTS for n in (32, 1024))
+
+
+def _label_pairs(metric: Any, pairs: int) -> tuple[tuple, dict]:
+    """``pairs`` labels and labels close to them (a diagonal band of the table), the same on both sides."""
+    generator = torch.Generator().manual_seed(0)
+    preds = torch.randint(metric.num_classes, (pairs,), generator=generator)
+    target = (preds + torch.randint(3, (pairs,), generator=generator)) % metric.num_classes
+    return (preds, target), {}
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(("classes", "pairs"), NOMINAL_SIZES, ids=[f"{c} classes {n} pairs" for c, n in NOMINAL_SIZES])
+@pytest.mark.parametrize("name", NOMINAL)
+def test_paired_nominal_compute_at_size(benchmark: Any, name: str, classes: int, pairs: int) -> None:
+    """The nominal computes where the table is large and sparse (a ``forward``'s batch value) or filled."""
+    spec = f"{name}(num_classes={classes})"
+    make = _spec_side(spec, "compute", lambda metric: _label_pairs(metric, pairs))
+    info = {"config": f"{spec} {pairs} pairs", "call": "compute", "area": Config(spec).area, "batch": pairs}
     _measure_pair(benchmark, make, info)

@@ -1,9 +1,10 @@
 """The nominal metrics (areas ``cramers``, ``tschuprows``, ``pearsons_contingency``, ``theils_u``): CramersV,
 TschuprowsT, PearsonsContingencyCoefficient and TheilsU.
 
-Stock's values on both patched paths (the table's counts to the bit on both; the computes to the bit on the CPU
-path, stock's there, to float tolerance on the device path: sums over the whole table), with empty rows and columns,
-bias correction on and off, both NaN strategies; sync-free update, forward and compute on the device path; stock's
+Stock's values on both patched paths (the table's counts to the bit on both; the computes, one on every device, to
+float tolerance: sums over the whole table, or over its filled rows and columns where reads are free and it is large),
+with empty rows and columns, bias correction on and off, both NaN strategies; sync-free update, forward and compute
+on the device path; stock's
 warning as often as stock; stock's error types.
 """
 
@@ -21,11 +22,11 @@ from torch import Tensor
 from torchmetrics.nominal import CramersV, PearsonsContingencyCoefficient, TheilsU, TschuprowsT
 
 import torchmetrics_syncfree
-from tests._classification_cases import PATHS, cuda, parity, pending_checks, run_case
+from tests._classification_cases import PATHS, cuda, pending_checks, run_case
 from tests._probing import syncs_are_errors, warning_messages
 from tests.test_wrapper_checks import _device_path
 from torchmetrics_syncfree import SyncProbe, _instrumentation
-from torchmetrics_syncfree.nominal.utils import chi_squared
+from torchmetrics_syncfree.nominal.utils import chi_squared, filled_part
 from torchmetrics_syncfree.tools.launches import count_launches
 
 NUM = 5
@@ -85,20 +86,7 @@ def _cases() -> dict[str, Any]:
     return {_label(cls, kw): (lambda cls=cls, kw=kw: cls(num_classes=NUM, **kw), data) for cls, kw in _configs()}
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_parity_with_stock(path: str) -> None:
-    """forward() per batch and compute() (after forwards, after updates): stock's values, NaN where stock's are, its
-    dtypes and shapes; to the bit on the CPU path, on the device path to float tolerance (relative 1e-5, absolute
-    1e-6 for a value that is 0 in stock: the sums run over the whole table)."""
-    cases = _cases()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the bias-correction warning: counted below
-        if path == "cpu":
-            parity(cases, path=path)
-            return
-        stock = {label: run_case(make, data, "cpu") for label, (make, data) in cases.items()}
-        with torchmetrics_syncfree.patched(), SyncProbe():
-            patched = {label: run_case(make, data, "cpu") for label, (make, data) in cases.items()}
+def _assert_stocks_to_tolerance(stock: dict[str, list[Tensor]], patched: dict[str, list[Tensor]]) -> None:
     for label, values in stock.items():
         for i, (s, p) in enumerate(zip(values, patched[label])):
             if label.startswith("TheilsU") and s.dtype == torch.int64:  # documented deviation (test below)
@@ -107,15 +95,54 @@ def test_parity_with_stock(path: str) -> None:
             torch.testing.assert_close(p, s, rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{label} value {i}")
 
 
-def test_theils_u_of_a_zero_entropy_is_a_float_zero_on_the_device_path(syncfree: Any) -> None:
-    """Pinned deviation: stock returns ``torch.tensor(0)`` (int64) where H(X) is 0; the device path a float 0."""
+@pytest.mark.parametrize("path", PATHS)
+def test_parity_with_stock(path: str) -> None:
+    """forward() per batch and compute() (after forwards, after updates): stock's values, NaN where stock's are, its
+    dtypes and shapes, to float tolerance on both paths (relative 1e-5, absolute 1e-6 for a value that is 0 in stock:
+    the sums run over the whole table)."""
+    cases = _cases()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the bias-correction warning: counted below
+        stock = {label: run_case(make, data, "cpu") for label, (make, data) in cases.items()}
+        with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+            patched = {label: run_case(make, data, "cpu") for label, (make, data) in cases.items()}
+    _assert_stocks_to_tolerance(stock, patched)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_large_sparse_table_has_stocks_values(path: str) -> None:
+    """200 classes that a few pairs fill: where reads are free the compute takes the filled rows and columns first
+    (stock's cells), on the device path the whole table; stock's values on both."""
+    gen = torch.Generator().manual_seed(3)
+    preds = torch.randint(0, 200, (40,), generator=gen)
+    data = [(preds, (preds + torch.randint(0, 3, (40,), generator=gen)) % 200), (preds[:8], preds[:8])]
+    cases = {
+        _label(cls, kw): (lambda cls=cls, kw=kw: cls(num_classes=200, **kw), data)
+        for cls, kw in _configs()
+        if kw["nan_strategy"] == "replace"
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = {label: run_case(make, data, "cpu") for label, (make, data) in cases.items()}
+        with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+            patched = {label: run_case(make, data, "cpu") for label, (make, data) in cases.items()}
+            table = torch.zeros(200, 200).index_put_((torch.tensor([3, 3, 9]), torch.tensor([4, 7, 4])), torch.ones(3))
+            assert filled_part(table).shape == ((2, 2) if path == "cpu" else (200, 200))
+    _assert_stocks_to_tolerance(stock, patched)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_theils_u_of_a_zero_entropy_is_a_float_zero(path: str) -> None:
+    """Pinned deviation: stock returns ``torch.tensor(0)`` (int64) where H(X) is 0; the patched compute, the same on
+    every device, a float 0."""
     preds, target = torch.zeros(6), torch.arange(6.0) % 3
-    cpu, device = TheilsU(num_classes=3), TheilsU(num_classes=3)
-    cpu.update(preds, target)
-    with SyncProbe():
-        device.update(preds, target)
-        value = device.compute()
-    assert cpu.compute().dtype == torch.int64
+    stock = TheilsU(num_classes=3)
+    stock.update(preds, target)
+    assert stock.compute().dtype == torch.int64
+    with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+        patched = TheilsU(num_classes=3)
+        patched.update(preds, target)
+        value = patched.compute()
     assert value.dtype == torch.float32
     assert float(value) == 0.0
 

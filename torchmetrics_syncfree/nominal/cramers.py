@@ -14,14 +14,14 @@ correction
 ==================================================  ===========================================================
 
 Replaced are the metric's ``__init__`` (its check counters), ``update`` (the fixed-shape count on every device; where
-host reads are free its index check raises at once) and ``compute`` (stock's where host reads are free, so CPU
-results are stock's to the bit). On the device path the values are stock's to float tolerance (see
-:mod:`~torchmetrics_syncfree.nominal.utils`), NaN where stock's are; the warning comes at the metric's next eager
-point (the end of a ``forward``, the next ``compute()`` or ``reset()``). Pairs whose index ``target * C + preds``
-leaves the table (stock: ``RuntimeError`` from ``bincount`` or ``reshape``, and the batch is not counted) raise a
-``RuntimeError`` with the project's message (``OUTSIDE_TABLE``): where reads are free at once, the batch not
-counted; on the device path at the next eager point, the batch's other pairs counted. The functional ``cramers_v``
-finds its number of classes with ``unique`` and stays stock's.
+host reads are free its index check raises at once) and ``compute`` (the fixed-shape statistic on every device, of the
+filled rows and columns of a large table where host reads are free). The values are stock's to float tolerance (see
+:mod:`~torchmetrics_syncfree.nominal.utils`), NaN where stock's are; the warning comes at once where host reads are
+free, on the device path at the metric's next eager point (the end of a ``forward``, the next ``compute()`` or
+``reset()``). Pairs whose index ``target * C + preds`` leaves the table (stock: ``RuntimeError`` from ``bincount`` or
+``reshape``, and the batch is not counted) raise a ``RuntimeError`` with the project's message (``OUTSIDE_TABLE``):
+where reads are free at once, the batch not counted; on the device path at the next eager point, the batch's other pairs
+counted. The functional ``cramers_v`` finds its number of classes with ``unique`` and stays stock's.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from torchmetrics_syncfree.nominal.utils import UNABLE_CRAMERS, corrected_statis
 _MODULE = "torchmetrics.nominal.cramers"
 
 
-def _compute(metric: Any) -> Tensor:
-    """Stock's ``_cramers_v_compute`` with fixed shapes, its warning filed with the metric."""
-    return corrected_statistic(metric, UNABLE_CRAMERS, lambda degrees: degrees.amin())
+def _compute(metric: Any, confmat: Tensor) -> Tensor:
+    """Stock's ``_cramers_v_compute`` of ``confmat`` with fixed shapes, its warning filed with the metric."""
+    return corrected_statistic(metric, confmat, UNABLE_CRAMERS, lambda degrees: degrees.amin())
 
 
 declare_patches(

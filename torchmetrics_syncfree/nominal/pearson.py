@@ -25,9 +25,9 @@ from torchmetrics_syncfree.nominal.utils import chi_squared, declare_patches
 _MODULE = "torchmetrics.nominal.pearson"
 
 
-def _compute(metric: Any) -> Tensor:
-    """Stock's ``_pearsons_contingency_coefficient_compute`` with fixed shapes."""
-    chi2, _, _, total = chi_squared(metric.confmat, bias_correction=False)
+def _compute(metric: Any, confmat: Tensor) -> Tensor:
+    """Stock's ``_pearsons_contingency_coefficient_compute`` of ``confmat`` with fixed shapes."""
+    chi2, _, _, total = chi_squared(confmat, bias_correction=False)
     phi_squared = chi2 / total
     return torch.sqrt(phi_squared / (1 + phi_squared)).clamp(0.0, 1.0)
 

@@ -11,8 +11,8 @@ masks, twice)                                        terms as it skips the empty
 ``if s_x == 0: return torch.tensor(0, ...)``         ``torch.where(s_x == 0, 0, u)``
 ==================================================  ===========================================================
 
-As :mod:`~torchmetrics_syncfree.nominal.cramers` (the same paths, tolerance and index check). One deviation on the
-device path, pinned by ``tests/test_nominal.py``: where H(X) is 0 (one column filled, or an empty table) the value
+As :mod:`~torchmetrics_syncfree.nominal.cramers` (the same paths, tolerance and index check). One deviation on every
+device, pinned by ``tests/test_nominal.py``: where H(X) is 0 (one column filled, or an empty table) the value
 is a float 0 of the table's dtype; stock returns an int64 ``tensor(0)`` there (its dtype depends on the data, which
 a fixed-shape computation cannot follow without a read). The functional ``theils_u`` stays stock's.
 """
@@ -29,9 +29,8 @@ from torchmetrics_syncfree.nominal.utils import declare_patches
 _MODULE = "torchmetrics.nominal.theils_u"
 
 
-def _compute(metric: Any) -> Tensor:
-    """Stock's ``_theils_u_compute`` with fixed shapes (a float 0 where H(X) is 0: see the module docstring)."""
-    confmat = metric.confmat
+def _compute(metric: Any, confmat: Tensor) -> Tensor:
+    """Stock's ``_theils_u_compute`` of ``confmat`` with fixed shapes (a float 0 where H(X) is 0: module docstring)."""
     total = confmat.sum()
     # H(X|Y): stock's terms; those of empty rows and columns are NaN (0 * log(0 / 0) or 0 * inf), skipped by ``nansum``
     p_xy = confmat / total

@@ -28,9 +28,9 @@ from torchmetrics_syncfree.nominal.utils import UNABLE_TSCHUPROWS, corrected_sta
 _MODULE = "torchmetrics.nominal.tschuprows"
 
 
-def _compute(metric: Any) -> Tensor:
-    """Stock's ``_tschuprows_t_compute`` with fixed shapes, its warning filed with the metric."""
-    return corrected_statistic(metric, UNABLE_TSCHUPROWS, lambda degrees: degrees.prod().sqrt())
+def _compute(metric: Any, confmat: Tensor) -> Tensor:
+    """Stock's ``_tschuprows_t_compute`` of ``confmat`` with fixed shapes, its warning filed with the metric."""
+    return corrected_statistic(metric, confmat, UNABLE_TSCHUPROWS, lambda degrees: degrees.prod().sqrt())
 
 
 declare_patches(

@@ -23,6 +23,11 @@ columns (boolean masks)                              cells are ``0 / 0``, skippe
 The values equal stock's to float tolerance: a sum over the whole table, whose dropped cells add exact zeros, may
 round differently from stock's sum over the smaller table (relative 1e-6 in float32); every other operation is
 stock's, on the same values.
+
+One compute on every device. Where reads are free (a CPU tensor, eager) and the table is large, it first takes the
+filled rows and columns, as stock does: the statistic then visits the cells stock's visits (the fixed-shape one over
+all ``C**2`` cells is 5x stock's time for a 1000-class table that 32 pairs fill); a small table is taken whole, which
+is cheaper than the selection.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import _bincount
 
 from torchmetrics_syncfree import _deferred
-from torchmetrics_syncfree._registry import replaces, stock
+from torchmetrics_syncfree._registry import replaces
 from torchmetrics_syncfree.classification.stat_scores import _mesh_counting, _put_counts
 
 #: stock's ``bincount`` (or the ``reshape`` after it) fails on an index outside the table: on the device path the
@@ -48,6 +53,9 @@ OUTSIDE_TABLE = _deferred.Check(
 )
 #: torch.bincount's error for an index that is not 1-d (stock's counting; raised before anything is read)
 _NOT_1D = "bincount only supports 1-d non-negative integral inputs."
+#: the classes from which a compute where reads are free takes the filled rows and columns first (below, the
+#: selection costs more than the empty cells it saves: ``benchmarks/test_paired.py``'s nominal computes)
+_SELECT_FILLED_FROM = 128
 
 
 def bias_correction_check(metric_name: str) -> _deferred.Check:
@@ -110,6 +118,17 @@ def add_contingency(metric: Any, preds: Tensor, target: Tensor) -> None:
     _deferred.sweep(metric)
 
 
+def filled_part(confmat: Tensor) -> Tensor:
+    """The table's filled rows and columns where reads are free and it is large (stock's drop); else the table.
+
+    The statistics' values do not depend on it: an empty row's or column's cells add exact zeros to every sum.
+    """
+    if confmat.shape[0] < _SELECT_FILLED_FROM or not _deferred.reads_are_free(confmat):
+        return confmat
+    filled_rows = confmat[confmat.sum(1) != 0]
+    return filled_rows[:, filled_rows.sum(0) != 0]  # the columns' sums over the filled rows only: fewer cells
+
+
 def chi_squared(confmat: Tensor, bias_correction: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Stock's ``_compute_chi_squared`` of the table without its empty rows and columns, with fixed shapes.
 
@@ -123,10 +142,12 @@ def chi_squared(confmat: Tensor, bias_correction: bool) -> tuple[Tensor, Tensor,
         after dropping, less one); their product, the degrees of freedom ``df``; the table's sum.
 
     """
-    marginals = torch.stack((confmat.sum(1), confmat.sum(0)))
-    rows, cols = marginals
+    rows, cols = confmat.sum(1), confmat.sum(0)
     total = rows.sum()
-    degrees = marginals.count_nonzero(1).sub_(1)
+    if rows.shape == cols.shape:  # the whole table: one count for both, a launch less
+        degrees = torch.stack((rows, cols)).count_nonzero(1).sub_(1)
+    else:  # a table's filled part (:func:`filled_part`)
+        degrees = torch.stack((rows.count_nonzero(), cols.count_nonzero())).sub_(1)
     df = degrees.prod()
     expected = torch.outer(rows, cols).div_(total)
     diff = confmat - expected
@@ -146,13 +167,15 @@ def bias_corrected(phi_squared: Tensor, degrees: Tensor, df: Tensor, total: Tens
     return phi_squared_corrected, (degrees + 1) - inverse * degrees.square()
 
 
-def corrected_statistic(metric: Any, unable_check: _deferred.Check, denominator: Callable[[Tensor], Tensor]) -> Tensor:
+def corrected_statistic(
+    metric: Any, confmat: Tensor, unable_check: _deferred.Check, denominator: Callable[[Tensor], Tensor]
+) -> Tensor:
     """CramersV's and TschuprowsT's compute with fixed shapes: ``sqrt(phi2 / denominator([rows - 1, cols - 1]))``.
 
     With ``bias_correction``, stock's corrected values; where it cannot correct (``min(rows, cols) == 1``) stock
     warns and returns NaN: the warning (``unable_check``) is filed with the metric, NaN put in with ``masked_fill``.
     """
-    chi2, degrees, df, total = chi_squared(metric.confmat, metric.bias_correction)
+    chi2, degrees, df, total = chi_squared(confmat, metric.bias_correction)
     phi_squared = chi2 / total
     if not metric.bias_correction:  # int64 counts, as stock's ``confmat.shape`` (TschuprowsT: its int64 tensors)
         return torch.sqrt(phi_squared / denominator(degrees)).clamp_(0.0, 1.0)
@@ -168,17 +191,15 @@ def declare_patches(
     module: str,
     cls: str,
     init_params: tuple[str, ...],
-    device_compute: Callable[[Any], Tensor],
+    statistic: Callable[[Any, Tensor], Tensor],
 ) -> None:
     """Declare the replacements of ``__init__``, ``update`` and ``compute`` of the class ``cls`` (a dotted path).
 
     They belong to the area of ``module``; the four metrics differ only in their compute and their checks.
 
     ``__init__``: stock's, plus the counters of :data:`KINDS`. ``update``: :func:`add_contingency` on every device
-    (where reads are free, a pair outside the table raises at once). ``compute``: stock's where reads are free,
-    ``device_compute(metric)`` otherwise: the fixed-shape statistic visits all ``C**2`` cells where stock's visits
-    the filled rows and columns only: 5-6x stock's CPU time for a table of 1000 classes filled by 32 pairs (a
-    ``forward``'s batch value at batch 32; TheilsU 84x), 0.46-0.95x at 5 to 100 classes.
+    (where reads are free, a pair outside the table raises at once). ``compute``: ``statistic(metric, table)`` of
+    :func:`filled_part` of ``confmat`` on every device.
     """
     init = _deferred.checked_init(f"{cls}.__init__", module, lambda metric: KINDS, size=len(KINDS))
 
@@ -186,12 +207,10 @@ def declare_patches(
         add_contingency(self, preds, target)
 
     def compute(self: Any) -> Tensor:
-        if _deferred.reads_are_free(self.confmat):
-            return stock(f"{cls}.compute")(self)
-        return device_compute(self)
+        return statistic(self, filled_part(self.confmat))
 
     update.__doc__ = "The batch's contingency table counted with fixed shapes into ``confmat``."
-    compute.__doc__ = "Stock's compute where reads are free; otherwise the statistic with fixed shapes."
+    compute.__doc__ = "The statistic with fixed shapes (of the filled rows and columns where reads are free)."
     for fn in (update, compute):
         fn.__module__ = module
         fn.__qualname__ = f"{cls.rsplit('.', 1)[1]}.{fn.__name__}"
