@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torchmetrics.functional.nominal.utils import _drop_empty_rows_and_cols
 from torchmetrics.utilities.data import _bincount
 
 from torchmetrics_syncfree import _deferred
@@ -125,8 +126,7 @@ def filled_part(confmat: Tensor) -> Tensor:
     """
     if confmat.shape[0] < _SELECT_FILLED_FROM or not _deferred.reads_are_free(confmat):
         return confmat
-    filled_rows = confmat[confmat.sum(1) != 0]
-    return filled_rows[:, filled_rows.sum(0) != 0]  # the columns' sums over the filled rows only: fewer cells
+    return _drop_empty_rows_and_cols(confmat)
 
 
 def chi_squared(confmat: Tensor, bias_correction: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
