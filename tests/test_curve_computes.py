@@ -418,6 +418,29 @@ def test_logauc_warnings_are_stocks_once_each(path: str) -> None:
     assert found == expected
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("task", ["multiclass", "multilabel"])
+@pytest.mark.parametrize("thresholds", [None, 7], ids=["unbinned", "binned"])
+def test_logauc_of_each_column_warns_only_as_stock(path: str, task: str, thresholds: int | None) -> None:
+    """Every column of a multiclass or multilabel curve is interpolated without torch's warning about a copy of a
+    non-contiguous ``searchsorted`` boundary (stock interpolates without ``searchsorted``; torch gives that warning
+    once per process, so the test asks for it every time)."""
+    data = _batches(task, None, seed=5)
+    make = lambda: _make("LogAUC", task, thresholds, None, None)  # noqa: E731
+    warn_always = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        expected = _stock_warnings(make, data)
+        with torchmetrics_syncfree.patched(), SyncProbe() if path == "device" else contextlib.nullcontext():
+            metric = make()
+            for preds, target in data:
+                metric.update(preds, target)
+            found = _warnings_of(metric.compute) + _warnings_of(metric.reset)
+    finally:
+        torch.set_warn_always(warn_always)
+    assert found == expected
+
+
 @pytest.mark.skipif(
     "normalization" not in inspect.signature(torchmetrics.classification.BinaryPrecisionRecallCurve).parameters,
     reason="`normalization` is an argument since torchmetrics 1.8",

@@ -48,7 +48,8 @@ _SHORT_CURVE = "At least two values on for the fpr and tpr are required to compu
 def _interp_sorted(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
     """Stock's ``interp`` for ``xp`` already in ascending order (its ``argsort`` is then the identity)."""
     slopes = (fp[1:] - fp[:-1]) / (xp[1:] - xp[:-1])
-    indices = (torch.searchsorted(xp, x) - 1).clamp(0, slopes.numel() - 1)
+    # a column of a multiclass or multilabel curve: ``searchsorted`` would copy it too, with a warning to the user
+    indices = (torch.searchsorted(xp.contiguous(), x) - 1).clamp(0, slopes.numel() - 1)
     return fp[indices] + slopes[indices] * (x - xp[indices])
 
 
