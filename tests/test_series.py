@@ -168,6 +168,33 @@ def test_ci_checks_alone_only_the_independent_pull_requests_a_heavy_suite_adds_t
     assert all(set(paths) & set(series.HEAVY_SUBSET) for paths in ran.values()), ran
 
 
+@needs_snapshots
+def test_a_pull_request_alone_takes_stocks_heavy_suites_from_their_record(
+    snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Checked alone with its snapshot's record (tools/baselines/), a pull request's heavy suites are compared with the
+    record: stock runs or collects only its other suites, and a heavy test the patched tree lacks is found."""
+    archive = next(a for a in SNAPSHOTS if snapshot.parent.name.startswith(_upstream.snapshot_label(a)))
+    if not series.baseline_file(archive).is_file():
+        pytest.skip(f"no record of {archive.name}'s heavy suites")
+    asked: list[list[str]] = []
+
+    def fake_stock(stock: Path, paths: list[str], *args: object) -> tuple[series.Outcomes, float]:
+        asked.append(list(paths))
+        return series.Outcomes(), 0.0
+
+    monkeypatch.setattr(series, "_pytest", lambda *args: (series.Outcomes(), 0.0))  # the patched tree runs nothing
+    monkeypatch.setattr(series, "_stock_outcomes", fake_stock)
+    monkeypatch.setattr(series, "_ruff_findings", lambda *args: series.Counter())
+    pr = next(pr for pr in series.pull_requests() if pr.name == "08-multiclass-stat-score-counting")
+    problems, rows = series.check_pull_request(
+        pr, snapshot, series.SERIES_DIR, tmp_path, 1, "ruff", "subset", archive=archive
+    )
+    assert len(asked) == 1 and not set(asked[0]) & set(series.HEAVY_TESTS), asked
+    assert any(p.startswith(f"{pr.name}: missing on the patched tree: ") for p in problems), problems
+    assert "recorded" in rows[0][2]
+
+
 def _multiclass_syncs(tree: Path) -> dict[str, int]:
     """The probe's would-be syncs of multiclass stat-score updates of ``tree``'s TorchMetrics."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tree / "src"), str(TOOLS.parent)))}
@@ -578,6 +605,14 @@ def test_a_subset_of_the_recorded_suites_only_expects_its_own_functions():
     assert set(subset.functions) < set(full.functions)
     ran = series.Outcomes({f"{f}[0]": "passed" for f in subset.functions})
     assert not [p for p in subset.compare(ran) if p.startswith("missing")]
+
+
+def test_a_selection_of_test_functions_runs_in_one_process():
+    """Whole files run on the workers asked for; node ids only (a pull request's added tests, stock's reruns) in one
+    process, where starting workers costs more than the tests."""
+    assert series._workers_for(["unittests/test_x.py", "unittests/test_y.py::test_f"], 2) == 2
+    assert series._workers_for(["unittests/test_x.py::test_f", "unittests/test_y.py::TestC::test_g[a]"], 2) == 1
+    assert series._workers_for(["unittests/folder/"], 3) == 3
 
 
 def test_stock_runs_only_the_tests_the_patched_tree_did_not_pass(tmp_path: Path):

@@ -1086,11 +1086,22 @@ def _test_files(path: Path) -> list[Path]:
     return sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
 
 
+def _workers_for(tests: Sequence[str], workers: int) -> int:
+    """How many xdist workers a run of ``tests`` (paths or node ids) gets: one process for node ids only.
+
+    Each worker imports torch and the tree and collects the tests again, ~5 s on the 2-core VM; a selection of test
+    functions (the tests a pull request adds, stock's reruns of the tests the patched tree skipped) runs in less time
+    than that: 550 tests of a pull request took 8.6 s in one process against 15.5 s on two workers.
+    """
+    return 1 if all("::" in test for test in tests) else workers
+
+
 def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tuple[Outcomes, float]:
     """Run upstream's tests of ``tree`` against ``tree/src``, as upstream's CI does; returns outcomes and seconds.
 
-    Two runs: the tests not marked ``DDP`` on ``workers`` xdist workers, then the ``DDP`` tests in one process with
-    ``USE_PYTEST_POOL=1`` (upstream's process pool, a gloo world on the fixed ports 8088-8100: no xdist there).
+    Two runs: the tests not marked ``DDP`` on ``workers`` xdist workers (one process for a selection of test
+    functions: :func:`_workers_for`), then the ``DDP`` tests in one process with ``USE_PYTEST_POOL=1`` (upstream's
+    process pool, a gloo world on the fixed ports 8088-8100: no xdist there).
     Without the pool, upstream skips its DDP tests or runs their ``ddp=True`` cases in a single process. The second
     run is left out where no selected file marks a test ``DDP`` (:func:`_marks_ddp_tests`): an empty run (imports,
     the pool) costs about 6 s, a third of a small pull request's check.
@@ -1102,7 +1113,8 @@ def _pytest(tree: Path, paths: Sequence[str], report: Path, workers: int) -> tup
         return Outcomes(), 0.0
     env = _pytest_env(tree)
     outcomes, start = Outcomes(), time.monotonic()
-    passes = [("not DDP", workers, False)] + ([("DDP", 1, True)] if _marks_ddp_tests(tree, existing) else [])
+    passes = [("not DDP", _workers_for(existing, workers), False)]
+    passes += [("DDP", 1, True)] if _marks_ddp_tests(tree, existing) else []
     for marker, n, pool in passes:
         part = report.with_name(f"{report.stem}-{'ddp' if pool else 'main'}{report.suffix}")
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q", "-rfE", "-m", marker]
@@ -1375,6 +1387,26 @@ class RecordedBaseline:
         return problems
 
 
+def _against_record(
+    archive: Path, paths: Sequence[str], patched: Outcomes
+) -> tuple[RecordedBaseline | None, list[str], Outcomes, list[str]]:
+    """Compare the patched outcomes of the heavy suites among ``paths`` with their record for ``archive``, if it fits.
+
+    Returns the record (``None`` where it does not fit), the problems found, and the patched outcomes and paths left
+    to compare with stock's live run: running the heavy suites on the unpatched tree again, or only collecting them,
+    costs more than the record's checks.
+    """
+    heavy = [p for p in paths if p in HEAVY_TESTS]
+    recorded, why = RecordedBaseline.load(archive, heavy) if heavy else (None, "")
+    if heavy:
+        print(f"baseline of the heavy suites: {why}" + ("" if recorded else " (running them)"), flush=True)
+    if recorded is None:
+        return None, [], patched, list(paths)
+    covered = Outcomes({n: o for n, o in patched.tests.items() if recorded.covers(n)})
+    live = Outcomes({n: o for n, o in patched.tests.items() if n not in covered.tests})
+    return recorded, recorded.compare(covered), live, [p for p in paths if p not in recorded.tests]
+
+
 def _record_to_extend(archive: Path, tests: Sequence[str]) -> dict[str, Any]:
     """The record of ``archive`` that ``baseline --missing`` adds ``tests`` to; it must match the archive and today."""
     path = baseline_file(archive)
@@ -1468,6 +1500,7 @@ def check_pull_request(
     ruff: str,
     heavy: str,
     unless_light: bool = False,
+    archive: Path | None = None,
 ) -> tuple[list[str], list[tuple[str, str, str, str, float]]]:
     """Apply ``pr`` on exactly the pull requests it needs to the unpatched ``stock`` checkout and check it there.
 
@@ -1479,7 +1512,8 @@ def check_pull_request(
     own tests. Both: upstream's ruff on its files. Returns problems and summary rows.
 
     ``unless_light``: one that does not build on a stack is left out where ``heavy`` adds no suite to its check (the
-    same check as ``--heavy none``'s, which the other torch releases' environments run).
+    same check as ``--heavy none``'s, which the other torch releases' environments run). ``archive``: the snapshot
+    ``stock`` was unpacked from, whose recorded heavy suites (:func:`_against_record`) stand for stock's run of them.
     """
     names = with_needs(pr, series)
     label = f"{pr.name}" + (f" (on {', '.join(n[:2] for n in names if n != pr.name)})" if pr.needs else " (alone)")
@@ -1513,9 +1547,14 @@ def check_pull_request(
             # whole stack hid)
             added = [t for t in added_tests(patched, before_pr) if _file_of(t) not in paths]
             after, seconds = _pytest(patched, paths + added, report, workers)
-            before, stock_seconds = _stock_outcomes(stock, paths, after, tmp / f"pr-{pr.name}-stock.xml", workers)
-            problems += [f"{pr.name}: {p}" for p in compare_outcomes(before, after)]
-            rows.append((label, "upstream tests", before.summary(), after.summary(), seconds + stock_seconds))
+            recorded, found, after_live, live_paths = (
+                _against_record(archive, paths, after) if archive else (None, [], after, paths)
+            )
+            stock_report = tmp / f"pr-{pr.name}-stock.xml"
+            before, stock_seconds = _stock_outcomes(stock, live_paths, after_live, stock_report, workers)
+            problems += [f"{pr.name}: {p}" for p in found + compare_outcomes(before, after_live)]
+            stock_text = before.summary() + (f" + recorded {recorded.summary()}" if recorded else "")
+            rows.append((label, "upstream tests", stock_text, after.summary(), seconds + stock_seconds))
         sources = [p for p in touched if p.endswith(".py")]
         new_findings = _ruff_findings(patched, sources, ruff) - _ruff_findings(stock, sources, ruff)
         problems += [f"{pr.name}: ruff {rule} in {path} ({n}x)" for (path, rule), n in sorted(new_findings.items())]
@@ -1568,16 +1607,10 @@ def check_series(
             after, seconds = _pytest(patched, paths, after_report, workers)
             before: Outcomes | None = None
             recorded: RecordedBaseline | None = None
+            after_live, live_paths = after, paths
             if baseline == "first" and index == 0:  # the heavy suites' unpatched outcomes from the record if it fits
-                recorded, why = RecordedBaseline.load(archive, [p for p in paths if p in HEAVY_TESTS])
-                print(f"baseline of the heavy suites: {why}" + ("" if recorded else " (running them)"), flush=True)
-            if recorded is not None:
-                covered = Outcomes({n: o for n, o in after.tests.items() if recorded.covers(n)})
-                problems += [f"{label}: {p}" for p in recorded.compare(covered)]
-                after_live = Outcomes({n: o for n, o in after.tests.items() if n not in covered.tests})
-                live_paths = [p for p in paths if p not in recorded.tests]
-            else:
-                after_live, live_paths = after, paths
+                recorded, found, after_live, live_paths = _against_record(archive, paths, after)
+                problems += [f"{label}: {p}" for p in found]
             if baseline == "all" or (baseline == "first" and index == 0):
                 before, stock_seconds = _stock_outcomes(stock, live_paths, after_live, before_report, workers)
                 seconds += stock_seconds
@@ -1611,7 +1644,15 @@ def check_series(
                         continue
                     if len(with_needs(pr, series)) < len(pull_requests(series)):
                         found, pr_rows = check_pull_request(
-                            pr, stock, series, Path(tmp), workers, ruff, heavy, unless_light=alone == "heavy"
+                            pr,
+                            stock,
+                            series,
+                            Path(tmp),
+                            workers,
+                            ruff,
+                            heavy,
+                            unless_light=alone == "heavy",
+                            archive=archive if baseline == "first" else None,
                         )
                         problems += found
                         rows += pr_rows
