@@ -389,6 +389,9 @@ SEGMENTATION_DETECTION_PROJECT_TESTS = ("tests/test_segmentation_detection.py",)
 WRAPPER_CHECKS_PROJECT_TESTS = ("tests/test_wrapper_checks.py",)
 #: BootStrapper's and MultioutputWrapper's suite (both wrappers have their patches, 0042 and 0047)
 WRAPPERS_MORE_PROJECT_TESTS = ("tests/test_wrappers_more.py",)
+#: the census of a class of each kind of finding (aggregation, stat scores, curves, regression, wrappers, nominal):
+#: the series' would-be syncs per call are the layer's record (README's coverage table); locations aside
+CENSUS_PROJECT_TESTS = ("tests/test_census.py",)
 PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/aggregation.py": AGGREGATION_PROJECT_TESTS,
     "src/torchmetrics/utilities/deferred.py": AGGREGATION_PROJECT_TESTS
@@ -399,7 +402,10 @@ PROJECT_TESTS_FOR_SOURCE = {
     "src/torchmetrics/collections.py": DDP_PROJECT_TESTS,
     # the helpers of the in-place state updates (and their case of states made under inference mode)
     "src/torchmetrics/utilities/states.py": ("tests/test_lifecycle_modes.py", *AGGREGATION_PROJECT_TESTS),
-    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS + DEFERRED_PROJECT_TESTS + FULL_STATE_FORWARD_PROJECT_TESTS,
+    "src/torchmetrics/metric.py": DDP_PROJECT_TESTS
+    + DEFERRED_PROJECT_TESTS
+    + FULL_STATE_FORWARD_PROJECT_TESTS
+    + CENSUS_PROJECT_TESTS,
     "src/torchmetrics/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS,
     "src/torchmetrics/functional/classification/stat_scores.py": CLASSIFICATION_PROJECT_TESTS
     + CONFUSION_MATRIX_PROJECT_TESTS,
