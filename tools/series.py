@@ -1403,9 +1403,10 @@ def _against_record(
     costs more than the record's checks.
     """
     heavy = [p for p in paths if p in HEAVY_TESTS]
-    recorded, why = RecordedBaseline.load(archive, heavy) if heavy else (None, "")
-    if heavy:
-        print(f"baseline of the heavy suites: {why}" + ("" if recorded else " (running them)"), flush=True)
+    if not heavy:
+        return None, [], patched, list(paths)
+    recorded, why = RecordedBaseline.load(archive, heavy)
+    print(f"baseline of the heavy suites: {why}" + ("" if recorded else " (running them)"), flush=True)
     if recorded is None:
         return None, [], patched, list(paths)
     covered = Outcomes({n: o for n, o in patched.tests.items() if recorded.covers(n)})

@@ -48,8 +48,7 @@ _SHORT_CURVE = "At least two values on for the fpr and tpr are required to compu
 def _interp_sorted(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
     """Stock's ``interp`` for ``xp`` already in ascending order (its ``argsort`` is then the identity)."""
     slopes = (fp[1:] - fp[:-1]) / (xp[1:] - xp[:-1])
-    # a column of a multiclass or multilabel curve: ``searchsorted`` would copy it too, with a warning to the user
-    indices = (torch.searchsorted(xp.contiguous(), x) - 1).clamp(0, slopes.numel() - 1)
+    indices = (torch.searchsorted(xp, x) - 1).clamp(0, slopes.numel() - 1)
     return fp[indices] + slopes[indices] * (x - xp[indices])
 
 
@@ -76,7 +75,10 @@ def _log_area(fpr: Tensor, tpr: Tensor, fpr_range: tuple[float, float]) -> Tenso
 
 def _reduce(metric: Any, fpr: Tensor, tpr: Tensor, average: str | None) -> Tensor:
     """Stock's ``_reduce_logauc`` of the columns of ``fpr``/``tpr`` (no weights: stock passes none)."""
-    scores = torch.stack([_log_area(fpr[:, g], tpr[:, g], metric.fpr_range) for g in range(fpr.shape[1])])
+    # each curve's rates contiguous, in one copy: ``searchsorted`` copies a strided column itself, with a warning to
+    # the user (stock's ``interp`` has no ``searchsorted``)
+    rates = fpr.T.contiguous()
+    scores = torch.stack([_log_area(rates[g], tpr[:, g], metric.fpr_range) for g in range(fpr.shape[1])])
     _file_warning(metric, LOGAUC_NAN, scores.isnan().any())  # stock warns before it looks at ``average``
     if average is None or average == "none":
         return scores
