@@ -106,6 +106,6 @@ def run_world(scenarios: list[Scenario], world_size: int, tmp_path: Path) -> lis
             f"{[fn.__name__ for _, fn in scenarios]} on {world_size} ranks: hung ranks {hung}, errors:\n"
             + "\n".join(f"--- rank {rank}:\n{err}" for rank, err in errors.items())
         )
-    in_tree_mode = bool(os.environ.get(_series_tree.TREE_ENV))
+    in_tree_mode = _series_tree.in_tree_mode()
     assert [o["result"].pop("tree_mode") is not None for o in outcomes] == [in_tree_mode] * world_size
     return [o["result"] for o in outcomes]

@@ -53,6 +53,11 @@ _ALIAS = "_syncfree_series"
 _added: dict[str, ModuleType] = {}
 
 
+def in_tree_mode() -> bool:
+    """Whether the suites run against the series' tree (:data:`TREE_ENV` set) instead of the layer."""
+    return bool(os.environ.get(TREE_ENV))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     tree = os.environ.get(TREE_ENV)
     if tree:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import operator
-import os
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from torchmetrics_syncfree.tools import census
 
 TM_190 = compare_version("torchmetrics", operator.eq, "1.9.0")
 #: tree mode: the patched functions are the series' (tests/_series_tree.py), their reads in its files, not the layer's
-TREE_MODE = bool(os.environ.get(_series_tree.TREE_ENV))
+TREE_MODE = _series_tree.in_tree_mode()
 #: where the patched MeanMetric's compute waits for its checks' counters
 METRIC_MODULE = "torchmetrics/metric.py:" if TREE_MODE else "torchmetrics_syncfree/metric.py:"
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -114,9 +113,7 @@ def test_one_check_per_update(syncfree: Any) -> None:
     assert p.count == 0, p.summary()
 
 
-@pytest.mark.skipif(
-    bool(os.environ.get(_series_tree.TREE_ENV)), reason="metrics made before patch_all() are the layer's"
-)
+@pytest.mark.skipif(_series_tree.in_tree_mode(), reason="metrics made before patch_all() are the layer's")
 def test_metric_created_before_patching_is_sync_free() -> None:
     metric = make_metric("Specificity", "multilabel", "weighted", -1)
     data = batches("multilabel", -1, seed=2)

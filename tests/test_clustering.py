@@ -4,7 +4,6 @@ and at most ONE host read per compute() and forward() on the device path (the da
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import warnings
@@ -300,7 +299,7 @@ def test_cuda_one_sync_per_compute_and_forward_and_stocks_values() -> None:
             torch.testing.assert_close(value, reference, rtol=_rtol(name), atol=1e-7, msg=name)
 
 
-@pytest.mark.skipif(bool(os.environ.get(_series_tree.TREE_ENV)), reason="the tool patches with the layer's patch_all()")
+@pytest.mark.skipif(_series_tree.in_tree_mode(), reason="the tool patches with the layer's patch_all()")
 def test_costs_tool_times_both_sides_and_compares_their_values() -> None:
     """``tools/clustering_costs.py`` (the table of ``docs/clustering.md``) runs, counts launches, compares values."""
     tool = Path(__file__).resolve().parents[1] / "tools" / "clustering_costs.py"

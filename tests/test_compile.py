@@ -8,7 +8,6 @@ counted in the metric's check counters and reported by ``compute()``/``reset()``
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -371,7 +370,7 @@ def test_reduce_overhead_step_matches_stock(step_class: type[_Step]) -> None:
 def test_a_metric_made_before_patching_traces_without_breaks_after_its_first_update(make: Any, args: tuple) -> None:
     """The README's word: such a metric gets its check counters at its first patched update (where a trace breaks:
     ``add_state`` deep-copies a tensor); every later trace of its update is whole."""
-    if os.environ.get(_series_tree.TREE_ENV):
+    if _series_tree.in_tree_mode():
         pytest.skip("metrics made before patch_all() are the layer's: the series has no patch_all()")
     metric = make()
     with torchmetrics_syncfree.patched():

@@ -9,7 +9,6 @@ the hardest case for a pending report, and the one each test is about.
 from __future__ import annotations
 
 import copy
-import os
 import pickle
 import warnings
 from collections.abc import Iterator
@@ -324,7 +323,7 @@ class _Doubled(MeanMetric):
 
 @pytest.mark.parametrize("made", ["before", "after"])
 def test_subclass_made_before_patching_reports_at_compute(made: str) -> None:
-    if made == "before" and os.environ.get(_series_tree.TREE_ENV):
+    if made == "before" and _series_tree.in_tree_mode():
         pytest.skip("metrics made before patch_all() are the layer's: the series has no patch_all()")
     metric = _Doubled(nan_strategy="error") if made == "before" else None
     with torchmetrics_syncfree.patched(), _instrumentation.simulated_copy_delay(None):
@@ -573,7 +572,7 @@ HALF = torch.float16
 @pytest.fixture
 def build_refuses_the_fill(monkeypatch: pytest.MonkeyPatch) -> None:
     """The aggregators' per-dtype record of what this build raises, as on a build whose half writes fail."""
-    if os.environ.get(_series_tree.TREE_ENV):
+    if _series_tree.in_tree_mode():
         pytest.skip("the per-build record of an overflowing fill is the layer's; the series' aggregation has none")
     from torchmetrics_syncfree import aggregation
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import pickle
 import re
 import subprocess
@@ -552,7 +551,7 @@ def test_panoptic_stock_syncs_and_launches() -> None:
 
 
 @pytest.mark.skipif(not PEAK_MEASURABLE, reason=f"torch {torch.__version__}: a storage's release is not watchable")
-@pytest.mark.skipif(bool(os.environ.get(_series_tree.TREE_ENV)), reason="the tool patches with the layer's patch_all()")
+@pytest.mark.skipif(_series_tree.in_tree_mode(), reason="the tool patches with the layer's patch_all()")
 def test_panoptic_memory_tool_measures_both_sides_with_equal_states() -> None:
     """``tools/panoptic_memory.py`` (the measurements of ``docs/other-metrics.md``) runs and compares the states."""
     tool = Path(__file__).resolve().parents[1] / "tools" / "panoptic_memory.py"
