@@ -3,7 +3,7 @@
 While ``torch.compile`` traces, the patched code takes the device path on every device (no host reads): checks are
 counted in the metric's check counters and reported by ``compute()``/``reset()`` once the step is back in eager code.
 ``patch_all()`` also sets ``torch._dynamo.config.allow_unspec_int_on_nn_module``, so that ``Metric``'s update counter
-(an int attribute of the module) does not recompile the step on every call (TorchMetrics #1780).
+(an int attribute of the module) does not recompile the step on every call (a known upstream problem).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ from torchmetrics_syncfree._registry import replaces, stock
 from torchmetrics_syncfree._states import add_to_states, read_only
 
 _MODULE = "torchmetrics.aggregation"
-#: torchmetrics 1.6 gave NaN positions the fill value as weight too; 1.7 (PR #2943) changed that to 1.
+#: torchmetrics 1.6 gave NaN positions the fill value as weight too; 1.7 changed that to 1.
 _FILL_WEIGHT_IS_ONE = compare_version("torchmetrics", operator.ge, "1.7.0")
 _NAN_MESSAGE = "Encountered `nan` values in tensor"
 #: what ``nan_strategy="error"`` and ``"warn"`` report, per offending update

@@ -3,7 +3,8 @@
 What was wrong: ``Metric.compute()`` gathers every state with ``gather_all_tensors(state, group)`` on the metric's
 ``process_group`` (default: WORLD). Under NCCL (or any group built for CUDA only, e.g. ``"cuda:gloo"``) a state
 that lives on the CPU (an average step time, a ``compute_on_cpu=True`` list state, a metric never moved to the GPU)
-fails with ``RuntimeError: No backend type associated with device type cpu`` (torchmetrics#2477, Lightning#18803).
+fails with ``RuntimeError: No backend type associated with device type cpu`` (reported upstream, in TorchMetrics
+and in Lightning).
 The only stock work-arounds are ``sync_on_compute=False`` (wrong results across ranks) or moving the metric to the
 GPU (a host-device sync on every update).
 

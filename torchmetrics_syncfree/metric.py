@@ -28,9 +28,9 @@ what ``Metric`` does to states carries them unchanged. What ``Metric`` itself ne
 
 Compiled steps: ``Metric.update``'s wrapper counts updates in ``self._update_count``, an int attribute of an
 ``nn.Module``, which ``torch.compile`` treats as a constant: every update recompiles the step until the recompile
-limit (TorchMetrics #1780). While patched, ``torch._dynamo.config.allow_unspec_int_on_nn_module`` is set, so that such
-ints become dynamic after one recompile (a step compiles twice, then never again); :func:`unpatch_all` puts the
-previous value back. A torch without the setting (older releases) is patched without it.
+limit (a known upstream problem). While patched, ``torch._dynamo.config.allow_unspec_int_on_nn_module`` is set, so
+that such ints become dynamic after one recompile (a step compiles twice, then never again); :func:`unpatch_all` puts
+the previous value back. A torch without the setting (older releases) is patched without it.
 
 """
 
