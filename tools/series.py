@@ -1394,16 +1394,16 @@ class RecordedBaseline:
 
 
 def _against_record(
-    archive: Path, paths: Sequence[str], patched: Outcomes
+    archive: Path | None, paths: Sequence[str], patched: Outcomes
 ) -> tuple[RecordedBaseline | None, list[str], Outcomes, list[str]]:
     """Compare the patched outcomes of the heavy suites among ``paths`` with their record for ``archive``, if it fits.
 
-    Returns the record (``None`` where it does not fit), the problems found, and the patched outcomes and paths left
-    to compare with stock's live run: running the heavy suites on the unpatched tree again, or only collecting them,
-    costs more than the record's checks.
+    Returns the record (``None`` where it does not fit, or without ``archive``), the problems found, and the patched
+    outcomes and paths left to compare with stock's live run: running the heavy suites on the unpatched tree again,
+    or only collecting them, costs more than the record's checks.
     """
     heavy = [p for p in paths if p in HEAVY_TESTS]
-    if not heavy:
+    if archive is None or not heavy:
         return None, [], patched, list(paths)
     recorded, why = RecordedBaseline.load(archive, heavy)
     print(f"baseline of the heavy suites: {why}" + ("" if recorded else " (running them)"), flush=True)
@@ -1554,9 +1554,7 @@ def check_pull_request(
             # whole stack hid)
             added = [t for t in added_tests(patched, before_pr) if _file_of(t) not in paths]
             after, seconds = _pytest(patched, paths + added, report, workers)
-            recorded, found, after_live, live_paths = (
-                _against_record(archive, paths, after) if archive else (None, [], after, paths)
-            )
+            recorded, found, after_live, live_paths = _against_record(archive, paths, after)
             stock_report = tmp / f"pr-{pr.name}-stock.xml"
             before, stock_seconds = _stock_outcomes(stock, live_paths, after_live, stock_report, workers)
             problems += [f"{pr.name}: {p}" for p in found + compare_outcomes(before, after_live)]
